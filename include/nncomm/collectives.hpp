@@ -1,0 +1,69 @@
+// List collectives: nnabla's all_reduce / reduce / bcast over a list of
+// arrays, all_gather and reduce_scatter, built on an MpiTransport.
+//
+// Fusion: with `fuse` set (nnabla's inplace=False), arrays smaller than
+// config::direct_bytes() are packed per dtype into the FusionBuffer and sent
+// as one message per dtype, in order of first appearance, so every rank
+// issues the same calls. Larger arrays, and all arrays without `fuse`, are
+// communicated where they lie, one after another.
+//
+// Arguments are validated by the binding before any rank communicates; the
+// functions here assume a well-formed call (same list on every rank).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "nncomm/dtype.hpp"
+#include "nncomm/fusion_buffer.hpp"
+#include "nncomm/mpi_transport.hpp"
+#include "nncomm/status.hpp"
+
+namespace nncomm {
+
+struct ArrayRef {
+  void *ptr;    // host memory; nullptr for a zeroing array (all_reduce only)
+  size_t count; // elements
+  DType dtype;
+};
+
+// Gives writable memory for array `index` of an all_reduce list whose
+// pointer was nullptr, once it is known that the result must be stored
+// there. Returns nullptr on failure.
+struct Materializer {
+  void *(*fn)(void *context, size_t index);
+  void *context;
+};
+
+// Sums each array over the transport's ranks (the mean with `division`).
+// An array whose pointer is nullptr here counts as zeros; an array that is
+// nullptr on every rank is skipped and stays untouched, as nnabla skips
+// arrays that are still zeroing everywhere. Which arrays were written
+// anywhere travels with the first message, so skipping costs no extra call.
+Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
+                       std::vector<ArrayRef> &arrays, bool division, bool fuse,
+                       Materializer materialize);
+
+// Sums each array into rank `root` (the mean with `division`); the arrays
+// of the other ranks stay unchanged.
+Status reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
+                   const std::vector<ArrayRef> &arrays, int root,
+                   bool division, bool fuse);
+
+// Copies rank `root`'s arrays into every other rank's.
+Status bcast_list(const MpiTransport &transport, FusionBuffer &fusion,
+                  const std::vector<ArrayRef> &arrays, int root, bool fuse);
+
+// Rank r's `send` lands in recv[r]; or, with one `recv` array of
+// size() * send.count elements, in its r-th block (with one rank, both
+// readings agree).
+Status all_gather(const MpiTransport &transport, FusionBuffer &fusion,
+                  const ArrayRef &send, const std::vector<ArrayRef> &recv);
+
+// Rank r receives the sum (the mean with `division`) of every rank's
+// send[r]; or, with one `send` array, of its r-th block.
+Status reduce_scatter(const MpiTransport &transport, FusionBuffer &fusion,
+                      const std::vector<ArrayRef> &send, const ArrayRef &recv,
+                      bool division);
+
+}  // namespace nncomm

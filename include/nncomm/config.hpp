@@ -1,0 +1,23 @@
+// Tunables of the core, with their defaults. Each can be overridden by the
+// environment variable of the same name, read once per process.
+#pragma once
+
+#include <cstddef>
+
+namespace nncomm {
+namespace config {
+
+// Largest piece one MPI reduction is given. MPICH allocates a temporary of
+// the message size for every reduction; above glibc's 32 MiB mmap threshold
+// that temporary is mapped and unmapped on every call, so one 64 MiB
+// all-reduce pays page faults on all of it. Pieces below the threshold reuse
+// heap memory. NNCOMM_CHUNK_BYTES.
+size_t chunk_bytes();
+
+// Arrays at least this large are reduced where they lie instead of being
+// copied into the fusion buffer: for them the two copies cost more than the
+// extra MPI call saves. NNCOMM_DIRECT_BYTES.
+size_t direct_bytes();
+
+}  // namespace config
+}  // namespace nncomm

@@ -1,0 +1,64 @@
+// MpiTransport: the collectives nncomm needs, on one MPI communicator.
+//
+// The transport owns a duplicate of the communicator it is built from, so
+// nncomm's messages never match a user's own MPI traffic, and sets
+// MPI_ERRORS_RETURN on it so failures come back as a Status instead of
+// aborting the job. Buffers are raw host memory; every call is blocking and
+// is made without the GIL by the binding.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include <mpi.h>
+
+#include "nncomm/dtype.hpp"
+#include "nncomm/status.hpp"
+
+namespace nncomm {
+
+class MpiTransport {
+public:
+  // A transport over a duplicate of `comm`. Collective over `comm`.
+  static Status Create(MPI_Comm comm, std::unique_ptr<MpiTransport> *out);
+  // A transport over the ranks `ranks` of `parent`, numbered in that order.
+  // Collective over those ranks only; `parent`'s other ranks need not call.
+  // A caller outside `ranks` must not call it.
+  static Status CreateGroup(const MpiTransport &parent,
+                            const std::vector<int> &ranks,
+                            std::unique_ptr<MpiTransport> *out);
+  ~MpiTransport();
+  MpiTransport(const MpiTransport &) = delete;
+  MpiTransport &operator=(const MpiTransport &) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // Rank among the processes that share this one's memory (same host).
+  int local_rank() const { return local_rank_; }
+
+  // Sums `buf` over all ranks, in place.
+  Status allreduce(void *buf, size_t count, DType dt) const;
+  // Sums `buf` into `root`'s `buf`; other ranks' `buf` stay unchanged.
+  Status reduce(void *buf, size_t count, DType dt, int root) const;
+  Status bcast(void *buf, size_t count, DType dt, int root) const;
+  // `recv` holds size() blocks of `count`, block r from rank r.
+  Status allgather(const void *send, void *recv, size_t count,
+                   DType dt) const;
+  // `send` holds size() blocks of `count`; rank r gets the sum of block r.
+  Status reduce_scatter(const void *send, void *recv, size_t count,
+                        DType dt) const;
+  Status barrier() const;
+  // Ends the whole job: MPI_Abort on this communicator.
+  void abort(int errorcode) const;
+
+private:
+  explicit MpiTransport(MPI_Comm comm) : comm_(comm) {}
+  Status Init();
+
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 0;
+  int local_rank_ = 0;
+};
+
+}  // namespace nncomm

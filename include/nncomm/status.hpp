@@ -1,0 +1,50 @@
+// Status: how the C++ core reports failure. The core never throws; every
+// call that can fail returns a Status that the Cython layer turns into a
+// Python exception (pyx/errors.pxi), so errors cross the nogil boundary as
+// plain values.
+#pragma once
+
+#include <string>
+#include <utility>
+
+namespace nncomm {
+
+enum class StatusCode : int {
+  kOk = 0,
+  kInvalidArgument = 1,  // raised as ValueError
+  kMpiError = 2,         // raised as RuntimeError carrying MPI's error string
+  kOutOfMemory = 3,      // raised as MemoryError
+};
+
+class Status {
+public:
+  Status() = default;
+  static Status Ok() { return Status(); }
+  static Status InvalidArgument(std::string msg) {
+    return Status(StatusCode::kInvalidArgument, std::move(msg));
+  }
+  static Status OutOfMemory(std::string msg) {
+    return Status(StatusCode::kOutOfMemory, std::move(msg));
+  }
+  // `call` names the MPI function; the message gets MPI's own error string.
+  static Status Mpi(int mpi_error, const char *call);
+
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  const std::string &message() const { return message_; }
+
+private:
+  Status(StatusCode code, std::string msg)
+      : code_(code), message_(std::move(msg)) {}
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+}  // namespace nncomm
+
+// Returns early from the enclosing function when `expr` is not OK.
+#define NNCOMM_RETURN_IF_ERROR(expr)                                           \
+  do {                                                                         \
+    ::nncomm::Status _nncomm_status = (expr);                                  \
+    if (!_nncomm_status.ok()) return _nncomm_status;                           \
+  } while (0)

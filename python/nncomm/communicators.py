@@ -1,0 +1,40 @@
+"""Factories with the names and signatures of ``nnabla.communicators``."""
+from nncomm._nncomm import Communicator
+
+
+def MultiProcessDataParallelCommunicator(ctx):
+    """Multi-process data-parallel communicator over MPI.
+
+    One process per rank, launched by ``mpiexec``; collectives run on the
+    host memory of nnabla arrays.
+
+    Args:
+        ctx (:obj:`nnabla.Context`): A CPU context, as from
+            ``get_extension_context("cpu")``.
+
+    Returns:
+        :obj:`nncomm.Communicator`: Call ``init()`` on it before use.
+
+    Example:
+
+    .. code-block:: python
+
+        import nncomm.communicators as C
+        from nnabla.ext_utils import get_extension_context
+
+        comm = C.MultiProcessDataParallelCommunicator(get_extension_context("cpu"))
+        comm.init()
+    """
+    backends = list(getattr(ctx, "backend", None) or [])
+    if not backends or any(not str(b).startswith("cpu") for b in backends):
+        raise ValueError(
+            "nncomm's MPI communicator needs a CPU context, as from "
+            f"get_extension_context('cpu'); got backend {backends}")
+    return Communicator(ctx)
+
+
+# nnabla's aliases, the misspelt one included, so old scripts keep working.
+MultiProcessDataParalellCommunicator = MultiProcessDataParallelCommunicator
+MultiProcessCommunicator = MultiProcessDataParallelCommunicator
+Comm = MultiProcessDataParallelCommunicator
+Dist = MultiProcessDataParallelCommunicator

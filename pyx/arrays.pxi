@@ -1,0 +1,106 @@
+# nnabla NdArrays as the C++ core sees them: host pointers, element counts
+# and dtype codes, read through NdArray.data_ptr so that collectives work on
+# nnabla's own memory.
+
+from libc.stdint cimport uintptr_t
+
+import numpy as np
+from nnabla import NdArray
+
+# nnabla's default element type: the dtype of an array never written yet.
+_DEFAULT_DTYPE = np.dtype(np.float32)
+
+cdef dict _DTYPE_CODES = {
+    np.dtype(np.float32): <int>DType.kFloat32,
+    np.dtype(np.float64): <int>DType.kFloat64,
+    np.dtype(np.float16): <int>DType.kFloat16,
+    np.dtype(np.int32): <int>DType.kInt32,
+    np.dtype(np.int64): <int>DType.kInt64,
+}
+
+
+cdef list as_ndarray_list(data, str what):
+    """`data` (an NdArray, or a list or tuple of them) as a list."""
+    if isinstance(data, NdArray):
+        return [data]
+    if not isinstance(data, (list, tuple)):
+        raise TypeError(
+            f"{what} must be an nnabla NdArray or a list of NdArrays, "
+            f"not {type(data).__name__}")
+    for i, x in enumerate(data):
+        if not isinstance(x, NdArray):
+            raise TypeError(
+                f"{what}[{i}] is a {type(x).__name__}, not an nnabla NdArray "
+                f"(pass a Variable's .data or .grad)")
+    return list(data)
+
+
+cdef object dtype_of(x):
+    try:
+        return x.dtype
+    except RuntimeError:
+        return _DEFAULT_DTYPE
+
+
+cdef void* _materialize(void* context, size_t index) noexcept with gil:
+    cdef ArrayList arrays = <ArrayList>context
+    try:
+        return arrays.pointer(index, write_only=True)
+    except BaseException:
+        return NULL
+
+
+cdef class ArrayList:
+    """The memory of a list of NdArrays, ready for the C++ core.
+
+    Building one validates every array (type, dtype) before anything is
+    communicated, so a bad argument raises on each rank that passed it.
+    """
+    cdef vector[ArrayRef] refs
+    cdef list arrays
+    cdef list dtypes
+    cdef object ctx
+
+    def __cinit__(self, list arrays, ctx, str what, dtype=None,
+                  bint zeroing_as_null=False):
+        # `dtype` forces a receive buffer to the sender's dtype; its old
+        # contents are not read. With `zeroing_as_null`, arrays still zeroing
+        # keep their flag and get a null pointer (read as zeros).
+        cdef ArrayRef ref
+        self.arrays = arrays
+        self.dtypes = []
+        self.ctx = ctx
+        self.refs.reserve(len(arrays))
+        for i, x in enumerate(arrays):
+            dt = dtype_of(x) if dtype is None else dtype
+            code = _DTYPE_CODES.get(dt)
+            if code is None:
+                raise TypeError(
+                    f"{what}[{i}] has dtype {dt}; nncomm communicates "
+                    f"float32, float64, float16, int32 and int64")
+            self.dtypes.append(dt)
+            ref.count = x.size
+            ref.dtype = <DType><int>code
+            ref.ptr = NULL
+            self.refs.push_back(ref)
+            if not (zeroing_as_null and x.zeroing):
+                self.refs[i].ptr = self.pointer(i, write_only=dtype is not None)
+
+    cdef void* pointer(self, size_t index, bint write_only) except? NULL:
+        x = self.arrays[index]
+        return <void*><uintptr_t>x.data_ptr(self.dtypes[index], self.ctx,
+                                            write_only=write_only)
+
+    cdef Materializer materializer(self):
+        cdef Materializer m
+        m.fn = _materialize
+        m.context = <void*>self
+        return m
+
+    cdef int check_floating(self, str what) except -1:
+        for i, dt in enumerate(self.dtypes):
+            if dt.kind != "f":
+                raise TypeError(
+                    f"division=True averages, which needs floating-point "
+                    f"data; {what}[{i}] is {dt}")
+        return 0

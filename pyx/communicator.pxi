@@ -1,0 +1,422 @@
+# Communicator: nnabla's Communicator API over MPI, on nnabla's own memory.
+
+from cython.operator cimport dereference as deref
+from mpi4py cimport MPI
+from mpi4py import MPI
+
+import operator
+
+from nnabla import Variable
+
+
+cdef class _Group:
+    """A named set of world ranks; `transport` is null where this rank is
+    not a member."""
+    cdef unique_ptr[MpiTransport] transport
+    cdef readonly list ranks
+
+    def __cinit__(self, list ranks):
+        self.ranks = ranks
+
+
+cdef class Communicator:
+    """Data-parallel communicator over MPI, with nnabla's Communicator API.
+
+    Create it with :func:`nncomm.communicators.MultiProcessDataParallelCommunicator`
+    and call :meth:`init` on every rank. Collectives take an
+    :obj:`nnabla.NdArray` or a list of them and work on the arrays' own host
+    memory; the GIL is released while MPI runs.
+
+    Example:
+
+    .. code-block:: python
+
+        # mpiexec -n 2 python this.py
+        import nnabla as nn
+        import nncomm.communicators as C
+        from nnabla.ext_utils import get_extension_context
+
+        comm = C.MultiProcessDataParallelCommunicator(get_extension_context("cpu"))
+        comm.init()
+        x = nn.NdArray.from_numpy_array(np.full(3, comm.rank, np.float32))
+        comm.all_reduce(x, division=True)
+    """
+    cdef object _ctx
+    cdef bint _initialized
+    cdef dict _groups
+    cdef FusionBuffer _fusion
+    cdef list _ctx_params
+
+    def __cinit__(self, ctx):
+        self._ctx = ctx
+        self._initialized = False
+        self._groups = {}
+        self._ctx_params = []
+
+    # -- set-up -------------------------------------------------------------
+
+    def init(self):
+        """Initializes the communicator: duplicates ``MPI_COMM_WORLD`` and
+        finds this process's ranks. Call it once, on every rank.
+        """
+        if self._initialized:
+            raise RuntimeError("the communicator is already initialized")
+        world = _Group(list(range(MPI.COMM_WORLD.Get_size())))
+        cdef MPI_Comm comm = (<MPI.Comm>MPI.COMM_WORLD).ob_mpi
+        cdef Status status
+        with nogil:
+            status = MpiTransport.Create(comm, &world.transport)
+        CHKSTATUS(status)
+        self._groups["world"] = world
+        self._initialized = True
+
+    cdef _Group _world(self):
+        if not self._initialized:
+            raise RuntimeError(
+                "the communicator is not initialized; call init() first")
+        return self._groups["world"]
+
+    @property
+    def name(self):
+        """Name of the communicator."""
+        return "MultiProcessDataParallelCommunicatorMpi"
+
+    @property
+    def size(self):
+        """Number of processes in the world group."""
+        return deref(self._world().transport).size()
+
+    @property
+    def rank(self):
+        """Rank of this process in the world group."""
+        return deref(self._world().transport).rank()
+
+    @property
+    def local_rank(self):
+        """Rank of this process among the processes on its host."""
+        return deref(self._world().transport).local_rank()
+
+    def barrier(self):
+        """Blocks until every process of the world group has called it."""
+        cdef _Group world = self._world()
+        cdef Status status
+        with nogil:
+            status = deref(world.transport).barrier()
+        CHKSTATUS(status)
+
+    def abort(self):
+        """Terminates every process of the MPI job."""
+        cdef _Group world = self._world()
+        deref(world.transport).abort(-1)
+
+    # -- parameters ---------------------------------------------------------
+
+    def add_context_and_parameters(self, ctx_param_dict):
+        """Registers parameters whose gradients :meth:`allreduce` reduces.
+
+        Args:
+            ctx_param_dict (:obj:`tuple` of :obj:`Context`, :obj:`dict`):
+                A context and a dictionary from names to
+                :obj:`nnabla.Variable`.
+        """
+        if type(ctx_param_dict) != tuple or len(ctx_param_dict) != 2:
+            raise TypeError(
+                "ctx_param_dict must be a tuple of two elements: "
+                "(Context, dict of name to Variable)")
+        ctx, params = ctx_param_dict
+        if not isinstance(params, dict):
+            raise TypeError(
+                f"the parameters must be a dict of name to Variable, "
+                f"not {type(params).__name__}")
+        known = {v for _, registered in self._ctx_params
+                 for v in registered.values()}
+        for key, v in params.items():
+            if not isinstance(v, Variable):
+                raise TypeError(
+                    f"parameter {key!r} is a {type(v).__name__}, "
+                    f"not an nnabla Variable")
+            if v in known:
+                raise ValueError(f"parameter {key!r} is already added")
+            known.add(v)
+        self._ctx_params.append((ctx, dict(params)))
+
+    def clear_context_parameters(self):
+        """Forgets every registered context and parameter."""
+        self._ctx_params = []
+
+    def allreduce(self, bint division=False, bint inplace=False):
+        """Deprecated; see :meth:`all_reduce`. All-reduces the gradients of
+        the parameters added by :meth:`add_context_and_parameters`.
+
+        Args:
+            division (bool): Average instead of sum.
+            inplace (bool): Reduce array by array instead of packing.
+        """
+        grads = [v.grad for _, params in self._ctx_params
+                 for v in params.values()]
+        self.all_reduce(grads, division=division, inplace=inplace)
+
+    # -- groups -------------------------------------------------------------
+
+    def new_group(self, name_ranks):
+        """Creates a named group of world ranks. Every rank calls it.
+
+        Args:
+            name_ranks (tuple): ``(name, ranks)``, a :obj:`str` and a list of
+                distinct world ranks. Group rank ``i`` is ``ranks[i]``.
+
+        Returns:
+            str: The group's name.
+
+        Example:
+
+        .. code-block:: python
+
+            group = comm.new_group(("pair", [0, 1]))
+            comm.all_reduce(x, group=group)
+        """
+        cdef _Group world = self._world()
+        if not isinstance(name_ranks, (tuple, list)) or len(name_ranks) != 2:
+            raise TypeError("new_group takes one tuple (name, ranks)")
+        name, ranks = name_ranks
+        if not isinstance(name, str):
+            raise TypeError(
+                f"the group name must be a str, not {type(name).__name__}")
+        if name in self._groups:
+            raise ValueError(f"group {name!r} already exists")
+        try:
+            ranks = [operator.index(r) for r in ranks]
+        except TypeError:
+            raise TypeError(
+                f"the ranks of group {name!r} must be a list of ints, "
+                f"got {ranks!r}") from None
+        if not ranks:
+            raise ValueError(f"group {name!r} has no ranks")
+        size = len(world.ranks)
+        for r in ranks:
+            if not 0 <= r < size:
+                raise ValueError(
+                    f"rank {r} of group {name!r} is out of range "
+                    f"[0, {size})")
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"group {name!r} lists a rank twice: {ranks}")
+        group = _Group(ranks)
+        cdef vector[int] cranks = ranks
+        cdef Status status
+        if deref(world.transport).rank() in ranks:
+            with nogil:
+                status = MpiTransport.CreateGroup(deref(world.transport),
+                                                  cranks, &group.transport)
+            CHKSTATUS(status)
+        self._groups[name] = group
+        return name
+
+    def list_groups(self):
+        """
+        Returns:
+            dict: Group names to their lists of world ranks, ``"world"``
+            included.
+        """
+        self._world()
+        return {name: list(g.ranks) for name, g in self._groups.items()}
+
+    def find_group(self, group):
+        """
+        Args:
+            group (str): Name of a group.
+
+        Returns:
+            list: The group's world ranks, or ``[]`` if there is no such group.
+        """
+        self._world()
+        g = self._groups.get(group)
+        return [] if g is None else list(g.ranks)
+
+    cdef _Group _member(self, group):
+        self._world()
+        cdef _Group g = self._groups.get(group)
+        if g is None:
+            raise ValueError(
+                f"unknown group {group!r}; groups: {sorted(self._groups)}")
+        if not g.transport:
+            raise ValueError(
+                f"self (rank={self.rank}) is not included in group "
+                f"{group!r} (ranks {g.ranks})")
+        return g
+
+    # -- collectives --------------------------------------------------------
+
+    def all_reduce(self, data, bint division=False, bint inplace=False,
+                   group="world"):
+        """Sums arrays over the ranks of a group, in place.
+
+        Arrays that are still zeroing (``NdArray.zeroing``) on every rank are
+        skipped and stay zeroing; if any rank wrote one, it is reduced
+        everywhere.
+
+        Args:
+            data (:obj:`NdArray` or list of :obj:`NdArray`): Arrays to reduce.
+            division (bool): Average over the group instead of summing.
+            inplace (bool): Reduce array by array, without the packing
+                buffer. When false, small arrays are packed into one message
+                per dtype.
+            group (str): Name of a group.
+
+        Example:
+
+        .. code-block:: python
+
+            comm.all_reduce([v.grad for v in params.values()], division=True)
+        """
+        cdef _Group g = self._member(group)
+        cdef ArrayList arrays = ArrayList(as_ndarray_list(data, "data"),
+                                          self._ctx, "data",
+                                          zeroing_as_null=True)
+        if division:
+            arrays.check_floating("data")
+        cdef Materializer materialize = arrays.materializer()
+        cdef Status status
+        with nogil:
+            status = all_reduce_list(deref(g.transport), self._fusion,
+                                     arrays.refs, division, not inplace,
+                                     materialize)
+        CHKSTATUS(status)
+
+    def reduce(self, data, dst, bint division=False, bint inplace=False,
+               group="world"):
+        """Sums arrays of a group's ranks into rank ``dst``; the others keep
+        their arrays unchanged.
+
+        Args:
+            data (:obj:`NdArray` or list of :obj:`NdArray`): Arrays to reduce.
+            dst (int): Destination rank, within the group.
+            division (bool): Average over the group instead of summing.
+            inplace (bool): Reduce array by array, without packing.
+            group (str): Name of a group.
+        """
+        cdef _Group g = self._member(group)
+        cdef int root = _root(dst, "dst", g, group)
+        cdef ArrayList arrays = ArrayList(as_ndarray_list(data, "data"),
+                                          self._ctx, "data")
+        if division:
+            arrays.check_floating("data")
+        cdef Status status
+        with nogil:
+            status = reduce_list(deref(g.transport), self._fusion,
+                                 arrays.refs, root, division, not inplace)
+        CHKSTATUS(status)
+
+    def bcast(self, data, src, bint inplace=False, group="world"):
+        """Copies rank ``src``'s arrays into the other ranks' arrays.
+
+        Args:
+            data (:obj:`NdArray` or list of :obj:`NdArray`): Arrays to send
+                (on ``src``) or overwrite (elsewhere).
+            src (int): Source rank, within the group.
+            inplace (bool): Broadcast array by array, without packing.
+            group (str): Name of a group.
+        """
+        cdef _Group g = self._member(group)
+        cdef int root = _root(src, "src", g, group)
+        cdef ArrayList arrays = ArrayList(as_ndarray_list(data, "data"),
+                                          self._ctx, "data")
+        cdef Status status
+        with nogil:
+            status = bcast_list(deref(g.transport), self._fusion, arrays.refs,
+                                root, not inplace)
+        CHKSTATUS(status)
+
+    def all_gather(self, ndarray, ndarray_list, group="world"):
+        """Gathers every rank's ``ndarray`` into every rank.
+
+        Args:
+            ndarray (:obj:`NdArray`): This rank's contribution.
+            ndarray_list (list of :obj:`NdArray`, or :obj:`NdArray`): One
+                array per group rank, each of ``ndarray``'s size; or one array
+                of ``group size × ndarray.size`` elements, filled block by
+                block in rank order. They take ``ndarray``'s dtype.
+            group (str): Name of a group.
+        """
+        cdef _Group g = self._member(group)
+        if not isinstance(ndarray, NdArray):
+            raise TypeError(
+                f"ndarray must be an nnabla NdArray, "
+                f"not {type(ndarray).__name__}")
+        cdef ArrayList send = ArrayList([ndarray], self._ctx, "ndarray")
+        recv_list = as_ndarray_list(ndarray_list, "ndarray_list")
+        _check_blocks(recv_list, "ndarray_list", ndarray.size, len(g.ranks))
+        cdef ArrayList recv = ArrayList(recv_list, self._ctx, "ndarray_list",
+                                        dtype=send.dtypes[0])
+        cdef Status status
+        with nogil:
+            status = all_gather(deref(g.transport), self._fusion,
+                                send.refs[0], recv.refs)
+        CHKSTATUS(status)
+
+    def reduce_scatter(self, ndarray_list, ndarray, bint division=False,
+                       group="world"):
+        """Sums the r-th arrays of every rank into rank r's ``ndarray``.
+
+        Args:
+            ndarray_list (list of :obj:`NdArray`, or :obj:`NdArray`): One
+                array per group rank, each of ``ndarray``'s size and of one
+                dtype; or one array of ``group size × ndarray.size``
+                elements.
+            ndarray (:obj:`NdArray`): Receives this rank's reduced block, in
+                the dtype of ``ndarray_list``.
+            division (bool): Average over the group instead of summing.
+            group (str): Name of a group.
+        """
+        cdef _Group g = self._member(group)
+        if not isinstance(ndarray, NdArray):
+            raise TypeError(
+                f"ndarray must be an nnabla NdArray, "
+                f"not {type(ndarray).__name__}")
+        send_list = as_ndarray_list(ndarray_list, "ndarray_list")
+        _check_blocks(send_list, "ndarray_list", ndarray.size, len(g.ranks))
+        cdef ArrayList send = ArrayList(send_list, self._ctx, "ndarray_list")
+        for i, dt in enumerate(send.dtypes):
+            if dt != send.dtypes[0]:
+                raise TypeError(
+                    f"ndarray_list mixes dtypes: [0] is {send.dtypes[0]}, "
+                    f"[{i}] is {dt}")
+        if division:
+            send.check_floating("ndarray_list")
+        cdef ArrayList recv = ArrayList([ndarray], self._ctx, "ndarray",
+                                        dtype=send.dtypes[0])
+        cdef Status status
+        with nogil:
+            status = reduce_scatter(deref(g.transport), self._fusion,
+                                    send.refs, recv.refs[0], division)
+        CHKSTATUS(status)
+
+
+cdef int _root(value, str what, _Group g, group) except -1:
+    try:
+        root = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{what} must be an int, not {type(value).__name__}") from None
+    if not 0 <= root < len(g.ranks):
+        raise ValueError(
+            f"{what}={root} is out of range for group {group!r} of "
+            f"{len(g.ranks)} ranks")
+    return root
+
+
+cdef _check_blocks(list arrays, str what, Py_ssize_t block, Py_ssize_t ranks):
+    """One array per rank of `block` elements, or one of `ranks` blocks."""
+    if len(arrays) == 1 and ranks > 1:
+        if arrays[0].size != block * ranks:
+            raise ValueError(
+                f"{what} is one array of {arrays[0].size} elements; "
+                f"{ranks} ranks x {block} = {block * ranks} expected")
+        return
+    if len(arrays) != ranks:
+        raise ValueError(
+            f"{what} has {len(arrays)} arrays; the group has {ranks} ranks")
+    for i, x in enumerate(arrays):
+        if x.size != block:
+            raise ValueError(
+                f"{what}[{i}] has {x.size} elements; {block} expected "
+                f"(the size of ndarray)")

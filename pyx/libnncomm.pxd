@@ -1,0 +1,77 @@
+# Declarations of nncomm's C++ core (include/nncomm/). Nothing but externs:
+# the logic lives in src/, the Python-facing code in the .pxi files.
+
+from libc.stddef cimport size_t
+from libcpp cimport bool
+from libcpp.memory cimport unique_ptr
+from libcpp.string cimport string
+from libcpp.vector cimport vector
+from mpi4py.libmpi cimport MPI_Comm
+
+
+cdef extern from "nncomm/status.hpp" namespace "nncomm" nogil:
+    enum class StatusCode(int):
+        kOk
+        kInvalidArgument
+        kMpiError
+        kOutOfMemory
+
+    cdef cppclass Status:
+        Status()
+        bool ok()
+        StatusCode code()
+        const string& message()
+
+
+cdef extern from "nncomm/dtype.hpp" namespace "nncomm" nogil:
+    enum class DType(int):
+        kFloat32
+        kFloat64
+        kFloat16
+        kInt32
+        kInt64
+
+
+cdef extern from "nncomm/mpi_transport.hpp" namespace "nncomm" nogil:
+    cdef cppclass MpiTransport:
+        @staticmethod
+        Status Create(MPI_Comm comm, unique_ptr[MpiTransport]* out)
+        @staticmethod
+        Status CreateGroup(const MpiTransport& parent, const vector[int]& ranks,
+                           unique_ptr[MpiTransport]* out)
+        int rank()
+        int size()
+        int local_rank()
+        Status barrier()
+        void abort(int errorcode)
+
+
+cdef extern from "nncomm/fusion_buffer.hpp" namespace "nncomm" nogil:
+    cdef cppclass FusionBuffer:
+        FusionBuffer()
+        size_t capacity()
+
+
+cdef extern from "nncomm/collectives.hpp" namespace "nncomm" nogil:
+    struct ArrayRef:
+        void* ptr
+        size_t count
+        DType dtype
+
+    struct Materializer:
+        void* (*fn)(void* context, size_t index) noexcept
+        void* context
+
+    Status all_reduce_list(const MpiTransport& transport, FusionBuffer& fusion,
+                           vector[ArrayRef]& arrays, bool division, bool fuse,
+                           Materializer materialize)
+    Status reduce_list(const MpiTransport& transport, FusionBuffer& fusion,
+                       const vector[ArrayRef]& arrays, int root,
+                       bool division, bool fuse)
+    Status bcast_list(const MpiTransport& transport, FusionBuffer& fusion,
+                      const vector[ArrayRef]& arrays, int root, bool fuse)
+    Status all_gather(const MpiTransport& transport, FusionBuffer& fusion,
+                      const ArrayRef& send, const vector[ArrayRef]& recv)
+    Status reduce_scatter(const MpiTransport& transport, FusionBuffer& fusion,
+                          const vector[ArrayRef]& send, const ArrayRef& recv,
+                          bool division)

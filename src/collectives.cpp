@@ -1,0 +1,250 @@
+#include "nncomm/collectives.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "nncomm/config.hpp"
+#include "nncomm/host_ops.hpp"
+
+namespace nncomm {
+
+namespace {
+
+// Messages start on cache-line boundaries inside the fusion buffer.
+size_t align_up(size_t bytes) { return (bytes + 63) & ~size_t(63); }
+
+struct Slot {
+  size_t index;  // position in the caller's list
+  size_t offset; // element offset inside its message
+};
+
+// One fused message: the arrays of one dtype, packed back to back.
+struct Message {
+  DType dtype;
+  size_t byte_offset = 0; // inside the fusion buffer
+  size_t count = 0;       // elements, trailing flags included
+  std::vector<Slot> slots;
+};
+
+struct FusionPlan {
+  std::vector<Message> messages;
+  std::vector<size_t> direct; // arrays sent where they lie
+  size_t bytes = 0;
+};
+
+// Splits `arrays` into fused messages and direct arrays. With `flags`, the
+// first message is of the first array's dtype and ends with one flag element
+// per array; it exists even when no array is fused into it.
+FusionPlan plan_fusion(const std::vector<ArrayRef> &arrays, bool fuse,
+                       bool flags) {
+  FusionPlan plan;
+  if (flags && !arrays.empty()) {
+    Message first;
+    first.dtype = arrays[0].dtype;
+    plan.messages.push_back(first);
+  }
+  const size_t direct_bytes = config::direct_bytes();
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    const ArrayRef &a = arrays[i];
+    if (!fuse || a.count * dtype_size(a.dtype) >= direct_bytes) {
+      plan.direct.push_back(i);
+      continue;
+    }
+    Message *message = nullptr;
+    for (Message &m : plan.messages) {
+      if (m.dtype == a.dtype) message = &m;
+    }
+    if (message == nullptr) {
+      plan.messages.emplace_back();
+      message = &plan.messages.back();
+      message->dtype = a.dtype;
+    }
+    message->slots.push_back({i, message->count});
+    message->count += a.count;
+  }
+  if (flags && !arrays.empty()) plan.messages[0].count += arrays.size();
+  for (Message &m : plan.messages) {
+    m.byte_offset = plan.bytes;
+    plan.bytes += align_up(m.count * dtype_size(m.dtype));
+  }
+  return plan;
+}
+
+char *slot_address(char *buffer, const Message &m, const Slot &s) {
+  return buffer + m.byte_offset + s.offset * dtype_size(m.dtype);
+}
+
+void pack(char *buffer, const Message &m, const std::vector<ArrayRef> &arrays) {
+  for (const Slot &s : m.slots) {
+    const ArrayRef &a = arrays[s.index];
+    const size_t bytes = a.count * dtype_size(a.dtype);
+    if (a.ptr != nullptr) {
+      std::memcpy(slot_address(buffer, m, s), a.ptr, bytes);
+    } else {
+      std::memset(slot_address(buffer, m, s), 0, bytes);
+    }
+  }
+}
+
+void unpack(char *buffer, const Message &m, const std::vector<ArrayRef> &arrays,
+            int divisor) {
+  for (const Slot &s : m.slots) {
+    const ArrayRef &a = arrays[s.index];
+    copy_divided(a.ptr, slot_address(buffer, m, s), a.count, a.dtype, divisor);
+  }
+}
+
+Status reserve_plan(FusionBuffer &fusion, const FusionPlan &plan,
+                    char **buffer) {
+  *buffer = nullptr;
+  if (plan.bytes == 0) return Status::Ok();
+  return fusion.reserve(plan.bytes, buffer);
+}
+
+// Gives a zeroing array real memory once its reduced result must be stored.
+Status acquire(ArrayRef &a, size_t index, Materializer materialize) {
+  if (a.ptr != nullptr) return Status::Ok();
+  a.ptr = materialize.fn(materialize.context, index);
+  if (a.ptr == nullptr) {
+    return Status::InvalidArgument("nncomm could not get the memory of data[" +
+                                   std::to_string(index) + "]");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
+                       std::vector<ArrayRef> &arrays, bool division, bool fuse,
+                       Materializer materialize) {
+  if (arrays.empty()) return Status::Ok();
+  const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/true);
+  char *buffer = nullptr;
+  NNCOMM_RETURN_IF_ERROR(reserve_plan(fusion, plan, &buffer));
+  for (const Message &m : plan.messages) pack(buffer, m, arrays);
+
+  const Message &first = plan.messages[0];
+  char *flags = buffer + first.byte_offset +
+                (first.count - arrays.size()) * dtype_size(first.dtype);
+  const size_t flag_size = dtype_size(first.dtype);
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    write_flag(flags + i * flag_size, first.dtype, arrays[i].ptr != nullptr);
+  }
+  NNCOMM_RETURN_IF_ERROR(
+      transport.allreduce(buffer + first.byte_offset, first.count, first.dtype));
+  std::vector<bool> written(arrays.size());
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    written[i] = read_flag(flags + i * flag_size, first.dtype);
+  }
+
+  const int divisor = division ? transport.size() : 1;
+  for (size_t k = 0; k < plan.messages.size(); ++k) {
+    const Message &m = plan.messages[k];
+    bool any_written = false;
+    for (const Slot &s : m.slots) any_written = any_written || written[s.index];
+    if (!any_written) continue; // the same decision on every rank
+    if (k > 0) {
+      NNCOMM_RETURN_IF_ERROR(transport.allreduce(buffer + m.byte_offset,
+                                                 m.count, m.dtype));
+    }
+    for (const Slot &s : m.slots) {
+      if (!written[s.index]) continue;
+      ArrayRef &a = arrays[s.index];
+      NNCOMM_RETURN_IF_ERROR(acquire(a, s.index, materialize));
+      copy_divided(a.ptr, slot_address(buffer, m, s), a.count, a.dtype,
+                   divisor);
+    }
+  }
+
+  for (size_t i : plan.direct) {
+    if (!written[i]) continue;
+    ArrayRef &a = arrays[i];
+    if (a.ptr == nullptr) {
+      // Zeros are this rank's share of the sum.
+      NNCOMM_RETURN_IF_ERROR(acquire(a, i, materialize));
+      std::memset(a.ptr, 0, a.count * dtype_size(a.dtype));
+    }
+    NNCOMM_RETURN_IF_ERROR(transport.allreduce(a.ptr, a.count, a.dtype));
+    copy_divided(a.ptr, a.ptr, a.count, a.dtype, divisor);
+  }
+  return Status::Ok();
+}
+
+Status reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
+                   const std::vector<ArrayRef> &arrays, int root,
+                   bool division, bool fuse) {
+  const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/false);
+  char *buffer = nullptr;
+  NNCOMM_RETURN_IF_ERROR(reserve_plan(fusion, plan, &buffer));
+  const bool is_root = transport.rank() == root;
+  const int divisor = division ? transport.size() : 1;
+  for (const Message &m : plan.messages) {
+    pack(buffer, m, arrays);
+    NNCOMM_RETURN_IF_ERROR(
+        transport.reduce(buffer + m.byte_offset, m.count, m.dtype, root));
+    if (is_root) unpack(buffer, m, arrays, divisor);
+  }
+  for (size_t i : plan.direct) {
+    const ArrayRef &a = arrays[i];
+    NNCOMM_RETURN_IF_ERROR(transport.reduce(a.ptr, a.count, a.dtype, root));
+    if (is_root) copy_divided(a.ptr, a.ptr, a.count, a.dtype, divisor);
+  }
+  return Status::Ok();
+}
+
+Status bcast_list(const MpiTransport &transport, FusionBuffer &fusion,
+                  const std::vector<ArrayRef> &arrays, int root, bool fuse) {
+  const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/false);
+  char *buffer = nullptr;
+  NNCOMM_RETURN_IF_ERROR(reserve_plan(fusion, plan, &buffer));
+  const bool is_root = transport.rank() == root;
+  for (const Message &m : plan.messages) {
+    if (is_root) pack(buffer, m, arrays);
+    NNCOMM_RETURN_IF_ERROR(
+        transport.bcast(buffer + m.byte_offset, m.count, m.dtype, root));
+    if (!is_root) unpack(buffer, m, arrays, 1);
+  }
+  for (size_t i : plan.direct) {
+    const ArrayRef &a = arrays[i];
+    NNCOMM_RETURN_IF_ERROR(transport.bcast(a.ptr, a.count, a.dtype, root));
+  }
+  return Status::Ok();
+}
+
+Status all_gather(const MpiTransport &transport, FusionBuffer &fusion,
+                  const ArrayRef &send, const std::vector<ArrayRef> &recv) {
+  if (recv.size() == 1) {
+    return transport.allgather(send.ptr, recv[0].ptr, send.count, send.dtype);
+  }
+  const size_t block = send.count * dtype_size(send.dtype);
+  char *buffer = nullptr;
+  NNCOMM_RETURN_IF_ERROR(fusion.reserve(block * recv.size(), &buffer));
+  NNCOMM_RETURN_IF_ERROR(
+      transport.allgather(send.ptr, buffer, send.count, send.dtype));
+  for (size_t r = 0; r < recv.size(); ++r) {
+    std::memcpy(recv[r].ptr, buffer + r * block, block);
+  }
+  return Status::Ok();
+}
+
+Status reduce_scatter(const MpiTransport &transport, FusionBuffer &fusion,
+                      const std::vector<ArrayRef> &send, const ArrayRef &recv,
+                      bool division) {
+  const void *packed = send[0].ptr;
+  if (send.size() > 1) {
+    const size_t block = recv.count * dtype_size(recv.dtype);
+    char *buffer = nullptr;
+    NNCOMM_RETURN_IF_ERROR(fusion.reserve(block * send.size(), &buffer));
+    for (size_t r = 0; r < send.size(); ++r) {
+      std::memcpy(buffer + r * block, send[r].ptr, block);
+    }
+    packed = buffer;
+  }
+  NNCOMM_RETURN_IF_ERROR(
+      transport.reduce_scatter(packed, recv.ptr, recv.count, recv.dtype));
+  copy_divided(recv.ptr, recv.ptr, recv.count, recv.dtype,
+               division ? transport.size() : 1);
+  return Status::Ok();
+}
+
+}  // namespace nncomm

@@ -1,0 +1,31 @@
+#include "nncomm/config.hpp"
+
+#include <cstdlib>
+#include <string>
+
+namespace nncomm {
+namespace config {
+
+namespace {
+size_t env_bytes(const char *name, size_t fallback) {
+  const char *value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  char *end = nullptr;
+  unsigned long long parsed = std::strtoull(value, &end, 10);
+  if (end == value || *end != '\0' || parsed == 0) return fallback;
+  return static_cast<size_t>(parsed);
+}
+}  // namespace
+
+size_t chunk_bytes() {
+  static const size_t value = env_bytes("NNCOMM_CHUNK_BYTES", 8u << 20);
+  return value;
+}
+
+size_t direct_bytes() {
+  static const size_t value = env_bytes("NNCOMM_DIRECT_BYTES", 1u << 20);
+  return value;
+}
+
+}  // namespace config
+}  // namespace nncomm

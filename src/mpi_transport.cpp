@@ -1,0 +1,184 @@
+#include "nncomm/mpi_transport.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <string>
+
+#include "nncomm/config.hpp"
+
+namespace nncomm {
+
+Status Status::Mpi(int mpi_error, const char *call) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(mpi_error, text, &length) != MPI_SUCCESS) length = 0;
+  return Status(StatusCode::kMpiError,
+                std::string(call) + " failed: " + std::string(text, length));
+}
+
+namespace {
+
+#define NNCOMM_MPI_CALL(fn, ...)                                               \
+  do {                                                                         \
+    int _nncomm_err = fn(__VA_ARGS__);                                         \
+    if (_nncomm_err != MPI_SUCCESS) return Status::Mpi(_nncomm_err, #fn);      \
+  } while (0)
+
+// MPI has no half-precision sum. Each step widens to float, adds, and rounds
+// back, which is what a float16 reduction in numpy does per addition.
+void half_sum(void *in, void *inout, int *len, MPI_Datatype *) {
+  const _Float16 *a = static_cast<const _Float16 *>(in);
+  _Float16 *b = static_cast<_Float16 *>(inout);
+  for (int i = 0; i < *len; ++i) {
+    b[i] = static_cast<_Float16>(static_cast<float>(a[i]) +
+                                 static_cast<float>(b[i]));
+  }
+}
+
+MPI_Datatype mpi_type(DType dt) {
+  switch (dt) {
+  case DType::kFloat32: return MPI_FLOAT;
+  case DType::kFloat64: return MPI_DOUBLE;
+  case DType::kFloat16: return MPI_UINT16_T;
+  case DType::kInt32: return MPI_INT32_T;
+  case DType::kInt64: return MPI_INT64_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+// The sum for `dt`. The half op is created on first use and lives until
+// MPI_Finalize frees it.
+Status sum_op(DType dt, MPI_Op *op) {
+  if (dt != DType::kFloat16) {
+    *op = MPI_SUM;
+    return Status::Ok();
+  }
+  static MPI_Op half_op = MPI_OP_NULL;
+  static int created = MPI_Op_create(&half_sum, 1, &half_op);
+  if (created != MPI_SUCCESS) return Status::Mpi(created, "MPI_Op_create");
+  *op = half_op;
+  return Status::Ok();
+}
+
+// Elements per reduction call: the configured chunk, capped so that the
+// count always fits MPI's int.
+size_t chunk_elements(DType dt) {
+  size_t elems = config::chunk_bytes() / dtype_size(dt);
+  return std::max<size_t>(1, std::min<size_t>(elems, INT_MAX));
+}
+
+}  // namespace
+
+Status MpiTransport::Create(MPI_Comm comm, std::unique_ptr<MpiTransport> *out) {
+  MPI_Comm dup = MPI_COMM_NULL;
+  NNCOMM_MPI_CALL(MPI_Comm_dup, comm, &dup);
+  std::unique_ptr<MpiTransport> transport(new MpiTransport(dup));
+  NNCOMM_RETURN_IF_ERROR(transport->Init());
+  *out = std::move(transport);
+  return Status::Ok();
+}
+
+Status MpiTransport::CreateGroup(const MpiTransport &parent,
+                                 const std::vector<int> &ranks,
+                                 std::unique_ptr<MpiTransport> *out) {
+  MPI_Group parent_group = MPI_GROUP_NULL;
+  MPI_Group group = MPI_GROUP_NULL;
+  MPI_Comm comm = MPI_COMM_NULL;
+  NNCOMM_MPI_CALL(MPI_Comm_group, parent.comm_, &parent_group);
+  int err = MPI_Group_incl(parent_group, static_cast<int>(ranks.size()),
+                           ranks.data(), &group);
+  MPI_Group_free(&parent_group);
+  if (err != MPI_SUCCESS) return Status::Mpi(err, "MPI_Group_incl");
+  err = MPI_Comm_create_group(parent.comm_, group, 0, &comm);
+  MPI_Group_free(&group);
+  if (err != MPI_SUCCESS) return Status::Mpi(err, "MPI_Comm_create_group");
+  std::unique_ptr<MpiTransport> transport(new MpiTransport(comm));
+  NNCOMM_RETURN_IF_ERROR(transport->Init());
+  *out = std::move(transport);
+  return Status::Ok();
+}
+
+Status MpiTransport::Init() {
+  NNCOMM_MPI_CALL(MPI_Comm_set_errhandler, comm_, MPI_ERRORS_RETURN);
+  NNCOMM_MPI_CALL(MPI_Comm_rank, comm_, &rank_);
+  NNCOMM_MPI_CALL(MPI_Comm_size, comm_, &size_);
+  MPI_Comm node = MPI_COMM_NULL;
+  NNCOMM_MPI_CALL(MPI_Comm_split_type, comm_, MPI_COMM_TYPE_SHARED, rank_,
+                  MPI_INFO_NULL, &node);
+  int err = MPI_Comm_rank(node, &local_rank_);
+  MPI_Comm_free(&node);
+  if (err != MPI_SUCCESS) return Status::Mpi(err, "MPI_Comm_rank");
+  return Status::Ok();
+}
+
+MpiTransport::~MpiTransport() {
+  int finalized = 1;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+Status MpiTransport::allreduce(void *buf, size_t count, DType dt) const {
+  MPI_Op op = MPI_OP_NULL;
+  NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
+  const size_t step = chunk_elements(dt);
+  char *bytes = static_cast<char *>(buf);
+  for (size_t done = 0; done < count; done += step) {
+    int n = static_cast<int>(std::min(step, count - done));
+    NNCOMM_MPI_CALL(MPI_Allreduce, MPI_IN_PLACE,
+                    bytes + done * dtype_size(dt), n, mpi_type(dt), op,
+                    comm_);
+  }
+  return Status::Ok();
+}
+
+Status MpiTransport::reduce(void *buf, size_t count, DType dt,
+                            int root) const {
+  MPI_Op op = MPI_OP_NULL;
+  NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
+  const size_t step = chunk_elements(dt);
+  char *bytes = static_cast<char *>(buf);
+  for (size_t done = 0; done < count; done += step) {
+    int n = static_cast<int>(std::min(step, count - done));
+    char *piece = bytes + done * dtype_size(dt);
+    if (rank_ == root) {
+      NNCOMM_MPI_CALL(MPI_Reduce, MPI_IN_PLACE, piece, n, mpi_type(dt), op,
+                      root, comm_);
+    } else {
+      NNCOMM_MPI_CALL(MPI_Reduce, piece, nullptr, n, mpi_type(dt), op, root,
+                      comm_);
+    }
+  }
+  return Status::Ok();
+}
+
+Status MpiTransport::bcast(void *buf, size_t count, DType dt, int root) const {
+  NNCOMM_MPI_CALL(MPI_Bcast_c, buf, static_cast<MPI_Count>(count),
+                  mpi_type(dt), root, comm_);
+  return Status::Ok();
+}
+
+Status MpiTransport::allgather(const void *send, void *recv, size_t count,
+                               DType dt) const {
+  NNCOMM_MPI_CALL(MPI_Allgather_c, send, static_cast<MPI_Count>(count),
+                  mpi_type(dt), recv, static_cast<MPI_Count>(count),
+                  mpi_type(dt), comm_);
+  return Status::Ok();
+}
+
+Status MpiTransport::reduce_scatter(const void *send, void *recv, size_t count,
+                                    DType dt) const {
+  MPI_Op op = MPI_OP_NULL;
+  NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
+  NNCOMM_MPI_CALL(MPI_Reduce_scatter_block_c, send, recv,
+                  static_cast<MPI_Count>(count), mpi_type(dt), op, comm_);
+  return Status::Ok();
+}
+
+Status MpiTransport::barrier() const {
+  NNCOMM_MPI_CALL(MPI_Barrier, comm_);
+  return Status::Ok();
+}
+
+void MpiTransport::abort(int errorcode) const { MPI_Abort(comm_, errorcode); }
+
+}  // namespace nncomm
