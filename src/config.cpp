@@ -27,5 +27,10 @@ size_t direct_bytes() {
   return value;
 }
 
+size_t huge_page_bytes() {
+  static const size_t value = env_bytes("NNCOMM_HUGE_PAGE_BYTES", 4u << 20);
+  return value;
+}
+
 }  // namespace config
 }  // namespace nncomm

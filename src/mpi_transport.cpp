@@ -5,6 +5,7 @@
 #include <string>
 
 #include "nncomm/config.hpp"
+#include "nncomm/host_memory.hpp"
 
 namespace nncomm {
 
@@ -67,6 +68,22 @@ size_t chunk_elements(DType dt) {
   return std::max<size_t>(1, std::min<size_t>(elems, INT_MAX));
 }
 
+// Runs `reduce_piece(piece, n)` over `buf` a chunk at a time. Large buffers
+// are moved onto huge pages first (host_memory.hpp).
+template <typename ReducePiece>
+Status for_each_chunk(void *buf, size_t count, DType dt,
+                      ReducePiece reduce_piece) {
+  const size_t bytes = count * dtype_size(dt);
+  if (bytes >= config::huge_page_bytes()) prefer_huge_pages(buf, bytes);
+  const size_t step = chunk_elements(dt);
+  char *base = static_cast<char *>(buf);
+  for (size_t done = 0; done < count; done += step) {
+    const int n = static_cast<int>(std::min(step, count - done));
+    NNCOMM_RETURN_IF_ERROR(reduce_piece(base + done * dtype_size(dt), n));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status MpiTransport::Create(MPI_Comm comm, std::unique_ptr<MpiTransport> *out) {
@@ -120,35 +137,25 @@ MpiTransport::~MpiTransport() {
 Status MpiTransport::allreduce(void *buf, size_t count, DType dt) const {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
-  const size_t step = chunk_elements(dt);
-  char *bytes = static_cast<char *>(buf);
-  for (size_t done = 0; done < count; done += step) {
-    int n = static_cast<int>(std::min(step, count - done));
-    NNCOMM_MPI_CALL(MPI_Allreduce, MPI_IN_PLACE,
-                    bytes + done * dtype_size(dt), n, mpi_type(dt), op,
+  return for_each_chunk(buf, count, dt, [&](char *piece, int n) {
+    NNCOMM_MPI_CALL(MPI_Allreduce, MPI_IN_PLACE, piece, n, mpi_type(dt), op,
                     comm_);
-  }
-  return Status::Ok();
+    return Status::Ok();
+  });
 }
 
 Status MpiTransport::reduce(void *buf, size_t count, DType dt,
                             int root) const {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
-  const size_t step = chunk_elements(dt);
-  char *bytes = static_cast<char *>(buf);
-  for (size_t done = 0; done < count; done += step) {
-    int n = static_cast<int>(std::min(step, count - done));
-    char *piece = bytes + done * dtype_size(dt);
-    if (rank_ == root) {
-      NNCOMM_MPI_CALL(MPI_Reduce, MPI_IN_PLACE, piece, n, mpi_type(dt), op,
-                      root, comm_);
-    } else {
-      NNCOMM_MPI_CALL(MPI_Reduce, piece, nullptr, n, mpi_type(dt), op, root,
-                      comm_);
-    }
-  }
-  return Status::Ok();
+  const bool is_root = rank_ == root;
+  return for_each_chunk(buf, count, dt, [&](char *piece, int n) {
+    // Only the root receives; the others' buffers stay as they are.
+    NNCOMM_MPI_CALL(MPI_Reduce, is_root ? MPI_IN_PLACE : piece,
+                    is_root ? piece : nullptr, n, mpi_type(dt), op, root,
+                    comm_);
+    return Status::Ok();
+  });
 }
 
 Status MpiTransport::bcast(void *buf, size_t count, DType dt, int root) const {

@@ -19,5 +19,9 @@ size_t chunk_bytes();
 // extra MPI call saves. NNCOMM_DIRECT_BYTES.
 size_t direct_bytes();
 
+// Arrays at least this large are moved onto huge pages before their first
+// direct reduction (see host_memory.hpp). NNCOMM_HUGE_PAGE_BYTES.
+size_t huge_page_bytes();
+
 }  // namespace config
 }  // namespace nncomm
