@@ -51,45 +51,17 @@ cdef void* _materialize(void* context, size_t index) noexcept with gil:
 
 
 cdef class ArrayList:
-    """The memory of a list of NdArrays, ready for the C++ core.
-
-    Building one validates every array (type, dtype) before anything is
-    communicated, so a bad argument raises on each rank that passed it.
-    """
+    """The memory of a list of NdArrays, ready for the C++ core. Made by
+    :func:`collect`."""
     cdef vector[ArrayRef] refs
     cdef list arrays
     cdef list dtypes
     cdef object ctx
 
-    def __cinit__(self, list arrays, ctx, str what, dtype=None,
-                  bint zeroing_as_null=False):
-        # `dtype` forces a receive buffer to the sender's dtype; its old
-        # contents are not read. With `zeroing_as_null`, arrays still zeroing
-        # keep their flag and get a null pointer (read as zeros).
-        cdef ArrayRef ref
-        self.arrays = arrays
-        self.dtypes = []
-        self.ctx = ctx
-        self.refs.reserve(len(arrays))
-        for i, x in enumerate(arrays):
-            dt = dtype_of(x) if dtype is None else dtype
-            code = _DTYPE_CODES.get(dt)
-            if code is None:
-                raise TypeError(
-                    f"{what}[{i}] has dtype {dt}; nncomm communicates "
-                    f"float32, float64, float16, int32 and int64")
-            self.dtypes.append(dt)
-            ref.count = x.size
-            ref.dtype = <DType><int>code
-            ref.ptr = NULL
-            self.refs.push_back(ref)
-            if not (zeroing_as_null and x.zeroing):
-                self.refs[i].ptr = self.pointer(i, write_only=dtype is not None)
-
     cdef void* pointer(self, size_t index, bint write_only) except? NULL:
         x = self.arrays[index]
         return <void*><uintptr_t>x.data_ptr(self.dtypes[index], self.ctx,
-                                            write_only=write_only)
+                                            write_only)
 
     cdef Materializer materializer(self):
         cdef Materializer m
@@ -104,3 +76,36 @@ cdef class ArrayList:
                     f"division=True averages, which needs floating-point "
                     f"data; {what}[{i}] is {dt}")
         return 0
+
+
+cdef ArrayList collect(list arrays, ctx, str what, dtype,
+                       bint zeroing_as_null):
+    """Reads the pointers, counts and dtypes of `arrays` (named `what` in
+    errors), validating every array before anything is communicated, so that
+    a bad argument raises on each rank that passed it.
+
+    `dtype`, unless None, forces receive buffers to the sender's dtype; their old contents
+    are not read. With `zeroing_as_null`, arrays still zeroing keep their
+    flag and get a null pointer (read as zeros).
+    """
+    cdef ArrayList self = ArrayList.__new__(ArrayList)
+    cdef ArrayRef ref
+    self.arrays = arrays
+    self.dtypes = []
+    self.ctx = ctx
+    self.refs.reserve(len(arrays))
+    for i, x in enumerate(arrays):
+        dt = dtype_of(x) if dtype is None else dtype
+        code = _DTYPE_CODES.get(dt)
+        if code is None:
+            raise TypeError(
+                f"{what}[{i}] has dtype {dt}; nncomm communicates "
+                f"float32, float64, float16, int32 and int64")
+        self.dtypes.append(dt)
+        ref.count = x.size
+        ref.dtype = <DType><int>code
+        ref.ptr = NULL
+        self.refs.push_back(ref)
+        if not (zeroing_as_null and x.zeroing):
+            self.refs[i].ptr = self.pointer(i, dtype is not None)
+    return self

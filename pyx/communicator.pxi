@@ -269,9 +269,8 @@ cdef class Communicator:
             comm.all_reduce([v.grad for v in params.values()], division=True)
         """
         cdef _Group g = self._member(group)
-        cdef ArrayList arrays = ArrayList(as_ndarray_list(data, "data"),
-                                          self._ctx, "data",
-                                          zeroing_as_null=True)
+        cdef ArrayList arrays = collect(as_ndarray_list(data, "data"),
+                                        self._ctx, "data", None, True)
         if division:
             arrays.check_floating("data")
         cdef Materializer materialize = arrays.materializer()
@@ -296,8 +295,8 @@ cdef class Communicator:
         """
         cdef _Group g = self._member(group)
         cdef int root = _root(dst, "dst", g, group)
-        cdef ArrayList arrays = ArrayList(as_ndarray_list(data, "data"),
-                                          self._ctx, "data")
+        cdef ArrayList arrays = collect(as_ndarray_list(data, "data"),
+                                        self._ctx, "data", None, False)
         if division:
             arrays.check_floating("data")
         cdef Status status
@@ -318,8 +317,8 @@ cdef class Communicator:
         """
         cdef _Group g = self._member(group)
         cdef int root = _root(src, "src", g, group)
-        cdef ArrayList arrays = ArrayList(as_ndarray_list(data, "data"),
-                                          self._ctx, "data")
+        cdef ArrayList arrays = collect(as_ndarray_list(data, "data"),
+                                        self._ctx, "data", None, False)
         cdef Status status
         with nogil:
             status = bcast_list(deref(g.transport), self._fusion, arrays.refs,
@@ -342,11 +341,12 @@ cdef class Communicator:
             raise TypeError(
                 f"ndarray must be an nnabla NdArray, "
                 f"not {type(ndarray).__name__}")
-        cdef ArrayList send = ArrayList([ndarray], self._ctx, "ndarray")
+        cdef ArrayList send = collect([ndarray], self._ctx, "ndarray", None,
+                                     False)
         recv_list = as_ndarray_list(ndarray_list, "ndarray_list")
         _check_blocks(recv_list, "ndarray_list", ndarray.size, len(g.ranks))
-        cdef ArrayList recv = ArrayList(recv_list, self._ctx, "ndarray_list",
-                                        dtype=send.dtypes[0])
+        cdef ArrayList recv = collect(recv_list, self._ctx, "ndarray_list",
+                                      send.dtypes[0], False)
         cdef Status status
         with nogil:
             status = all_gather(deref(g.transport), self._fusion,
@@ -374,7 +374,8 @@ cdef class Communicator:
                 f"not {type(ndarray).__name__}")
         send_list = as_ndarray_list(ndarray_list, "ndarray_list")
         _check_blocks(send_list, "ndarray_list", ndarray.size, len(g.ranks))
-        cdef ArrayList send = ArrayList(send_list, self._ctx, "ndarray_list")
+        cdef ArrayList send = collect(send_list, self._ctx, "ndarray_list", None,
+                                     False)
         for i, dt in enumerate(send.dtypes):
             if dt != send.dtypes[0]:
                 raise TypeError(
@@ -382,8 +383,8 @@ cdef class Communicator:
                     f"[{i}] is {dt}")
         if division:
             send.check_floating("ndarray_list")
-        cdef ArrayList recv = ArrayList([ndarray], self._ctx, "ndarray",
-                                        dtype=send.dtypes[0])
+        cdef ArrayList recv = collect([ndarray], self._ctx, "ndarray",
+                                      send.dtypes[0], False)
         cdef Status status
         with nogil:
             status = reduce_scatter(deref(g.transport), self._fusion,
