@@ -1,5 +1,6 @@
 #include "nncomm/collectives.hpp"
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -112,11 +113,54 @@ Status acquire(ArrayRef &a, size_t index, Materializer materialize) {
   return Status::Ok();
 }
 
+// What every rank of a collective must agree on, folded FNV-1a style.
+class CallSignature {
+public:
+  CallSignature(const char *collective, int root, int options) {
+    for (const char *c = collective; *c != '\0'; ++c) add(*c);
+    add(root);
+    add(options);
+  }
+  CallSignature &add_arrays(const std::vector<ArrayRef> &arrays) {
+    add(arrays.size());
+    for (const ArrayRef &a : arrays) {
+      add(a.count);
+      add(static_cast<uint64_t>(a.dtype));
+    }
+    return *this;
+  }
+  uint64_t value() const { return hash_; }
+
+private:
+  void add(uint64_t v) {
+    hash_ ^= v;
+    hash_ *= 1099511628211ull;
+  }
+  uint64_t hash_ = 14695981039346656037ull;
+};
+
+// With config::check_calls(), fails on every rank unless all ranks make the
+// same call.
+Status check_same_call(const MpiTransport &transport, const char *collective,
+                       const CallSignature &signature) {
+  if (!config::check_calls()) return Status::Ok();
+  bool same = false;
+  NNCOMM_RETURN_IF_ERROR(transport.agree(signature.value(), &same));
+  if (same) return Status::Ok();
+  return Status::InvalidArgument(
+      std::string("the ranks of this group called ") + collective +
+      " with different arguments (number, sizes or dtypes of the arrays, "
+      "root or options differ between ranks)");
+}
+
 }  // namespace
 
 Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
                        std::vector<ArrayRef> &arrays, bool division, bool fuse,
                        Materializer materialize) {
+  NNCOMM_RETURN_IF_ERROR(check_same_call(
+      transport, "all_reduce",
+      CallSignature("all_reduce", 0, division + 2 * fuse).add_arrays(arrays)));
   if (arrays.empty()) return Status::Ok();
   const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/true);
   char *buffer = nullptr;
@@ -173,6 +217,9 @@ Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
 Status reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
                    const std::vector<ArrayRef> &arrays, int root,
                    bool division, bool fuse) {
+  NNCOMM_RETURN_IF_ERROR(check_same_call(
+      transport, "reduce",
+      CallSignature("reduce", root, division + 2 * fuse).add_arrays(arrays)));
   const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/false);
   char *buffer = nullptr;
   NNCOMM_RETURN_IF_ERROR(reserve_plan(fusion, plan, &buffer));
@@ -194,6 +241,8 @@ Status reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
 
 Status bcast_list(const MpiTransport &transport, FusionBuffer &fusion,
                   const std::vector<ArrayRef> &arrays, int root, bool fuse) {
+  NNCOMM_RETURN_IF_ERROR(check_same_call(
+      transport, "bcast", CallSignature("bcast", root, fuse).add_arrays(arrays)));
   const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/false);
   char *buffer = nullptr;
   NNCOMM_RETURN_IF_ERROR(reserve_plan(fusion, plan, &buffer));
@@ -213,6 +262,9 @@ Status bcast_list(const MpiTransport &transport, FusionBuffer &fusion,
 
 Status all_gather(const MpiTransport &transport, FusionBuffer &fusion,
                   const ArrayRef &send, const std::vector<ArrayRef> &recv) {
+  NNCOMM_RETURN_IF_ERROR(check_same_call(
+      transport, "all_gather",
+      CallSignature("all_gather", 0, 0).add_arrays({send})));
   if (recv.size() == 1) {
     return transport.allgather(send.ptr, recv[0].ptr, send.count, send.dtype);
   }
@@ -230,6 +282,9 @@ Status all_gather(const MpiTransport &transport, FusionBuffer &fusion,
 Status reduce_scatter(const MpiTransport &transport, FusionBuffer &fusion,
                       const std::vector<ArrayRef> &send, const ArrayRef &recv,
                       bool division) {
+  NNCOMM_RETURN_IF_ERROR(check_same_call(
+      transport, "reduce_scatter",
+      CallSignature("reduce_scatter", 0, division).add_arrays({recv})));
   const void *packed = send[0].ptr;
   if (send.size() > 1) {
     const size_t block = recv.count * dtype_size(recv.dtype);

@@ -17,6 +17,14 @@ size_t env_bytes(const char *name, size_t fallback) {
 }
 }  // namespace
 
+bool check_calls() {
+  static const bool value = [] {
+    const char *v = std::getenv("NNCOMM_CHECK_CALLS");
+    return v != nullptr && *v != '\0' && std::string(v) != "0";
+  }();
+  return value;
+}
+
 size_t chunk_bytes() {
   static const size_t value = env_bytes("NNCOMM_CHUNK_BYTES", 8u << 20);
   return value;

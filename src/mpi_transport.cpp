@@ -186,6 +186,15 @@ Status MpiTransport::barrier() const {
   return Status::Ok();
 }
 
+Status MpiTransport::agree(uint64_t value, bool *same) const {
+  // max(v) == v and max(~v) == ~v hold on every rank only if all v agree.
+  uint64_t both[2] = {value, ~value};
+  NNCOMM_MPI_CALL(MPI_Allreduce, MPI_IN_PLACE, both, 2, MPI_UINT64_T, MPI_MAX,
+                  comm_);
+  *same = both[0] == value && both[1] == ~value;
+  return Status::Ok();
+}
+
 void MpiTransport::abort(int errorcode) const { MPI_Abort(comm_, errorcode); }
 
 }  // namespace nncomm

@@ -23,5 +23,11 @@ size_t direct_bytes();
 // direct reduction (see host_memory.hpp). NNCOMM_HUGE_PAGE_BYTES.
 size_t huge_page_bytes();
 
+// Before every collective, check that all ranks of the group make the same
+// call (collective, root, options, array count, sizes and dtypes); a
+// mismatch then raises ValueError on every rank instead of MPI failing or
+// aborting. Costs one small all-reduce per call. NNCOMM_CHECK_CALLS=1.
+bool check_calls();
+
 }  // namespace config
 }  // namespace nncomm

@@ -7,6 +7,7 @@
 // is made without the GIL by the binding.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -48,6 +49,8 @@ public:
   Status reduce_scatter(const void *send, void *recv, size_t count,
                         DType dt) const;
   Status barrier() const;
+  // Sets `*same` to whether every rank passed the same `value`.
+  Status agree(uint64_t value, bool *same) const;
   // Ends the whole job: MPI_Abort on this communicator.
   void abort(int errorcode) const;
 
