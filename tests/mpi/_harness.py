@@ -1,0 +1,266 @@
+"""Shared pieces of the MPI workers: the communicator, reproducible per-rank
+data, numpy references and a check recorder.
+
+A worker runs on every rank under ``mpiexec ... python -m mpi4py``. Value
+checks record failures instead of raising, so that one launch reports every
+mismatch and all ranks keep issuing the same collectives; an unexpected
+exception still propagates and the mpi4py runner aborts the whole job.
+"""
+import os
+import sys
+import traceback
+import zlib
+
+import numpy as np
+from mpi4py import MPI
+
+import nnabla as nn
+from nnabla.ext_utils import get_extension_context
+
+import nncomm.communicators as C
+
+DTYPES = (np.float32, np.float64, np.float16, np.int32, np.int64)
+
+
+def dtype_name(dtype):
+    return np.dtype(dtype).name
+
+
+def is_float(dtype):
+    return np.dtype(dtype).kind == "f"
+
+
+def make_comm():
+    ctx = get_extension_context("cpu")
+    comm = C.MultiProcessDataParallelCommunicator(ctx)
+    comm.init()
+    return comm, ctx
+
+
+def nd(array):
+    # np.ascontiguousarray would turn a 0-d array into shape (1,).
+    return nn.NdArray.from_numpy_array(np.array(array, order="C"))
+
+
+# Contributions are a pure function of (key, world rank, shape, dtype), so
+# every rank can rebuild what every other rank sent and compute the
+# reference itself. Recomputing the large ones is the costly part of a
+# worker, hence the cache.
+_CACHE = {}
+
+
+def contribution(key, rank, shape, dtype, kind="int"):
+    """Rank `rank`'s array for `key`.
+
+    kind "int": small integers in [-8, 8]; sums over at most 4 ranks stay
+    within [-32, 32], exact in every dtype (float16 included), so results
+    can be compared for equality.
+    kind "rand": normal floats (or integers in [-1000, 1000)), for checks
+    with a rounding tolerance.
+    """
+    shape = tuple(shape)
+    dtype = np.dtype(dtype)
+    cache_key = (key, rank, shape, dtype.str, kind)
+    hit = _CACHE.get(cache_key)
+    if hit is not None:
+        return hit
+    rng = np.random.default_rng(zlib.crc32(f"{key}|{rank}|{kind}".encode()))
+    if kind == "int":
+        a = rng.integers(-8, 9, size=shape)
+    elif dtype.kind in "iu":
+        a = rng.integers(-1000, 1000, size=shape)
+    else:
+        a = rng.standard_normal(size=shape) * 4
+    a = np.asarray(a).astype(dtype)
+    a.setflags(write=False)
+    if a.size >= 4096:
+        _CACHE[cache_key] = a
+    return a
+
+
+def reference(contribs, dtype, division=False, exact=True):
+    """The float64 (int64) sum or mean of `contribs` and a per-element bound
+    on how far a correct result in `dtype` may be from it.
+
+    exact: the contributions are small integers, so every partial sum is
+    representable and a sum must match exactly; a mean is one division,
+    rounded once (at most eps * |mean|).
+    Otherwise each of the n-1 additions of an MPI reduction in `dtype`
+    rounds by at most eps/2 times a partial sum, itself at most sum|x_r|;
+    n * eps * sum|x_r| bounds that with room (float16's eps is 2**-10, so
+    float16 results may be off by ~0.1% of sum|x_r| per rank), and a
+    division adds eps * |mean|.
+    """
+    dtype = np.dtype(dtype)
+    n = len(contribs)
+    if dtype.kind in "iu":
+        total = np.sum([c.astype(np.int64) for c in contribs], axis=0)
+        return total, np.zeros(total.shape)
+    stacked = np.stack([c.astype(np.float64) for c in contribs])
+    total = stacked.sum(axis=0)
+    eps = float(np.finfo(dtype).eps)
+    if exact:
+        tol = np.zeros(total.shape)
+    else:
+        tol = n * eps * np.abs(stacked).sum(axis=0)
+    if division:
+        total = total / n
+        tol = tol / n + eps * np.abs(total)
+    return total, tol
+
+
+_REF_CACHE = {}
+
+
+def expected_sum(key, ranks, shape, dtype, division=False, kind="int"):
+    """`reference` of what `ranks` contribute for `key` (cached when large,
+    since the same data is reduced under several options)."""
+    cache_key = (key, tuple(ranks), tuple(shape), np.dtype(dtype).str,
+                 division, kind)
+    hit = _REF_CACHE.get(cache_key)
+    if hit is not None:
+        return hit
+    contribs = [contribution(key, r, shape, dtype, kind) for r in ranks]
+    result = reference(contribs, dtype, division, exact=(kind == "int"))
+    if contribs and contribs[0].size >= 4096:
+        _REF_CACHE[cache_key] = result
+    return result
+
+
+class Checker:
+    """Records checks; `finish` reports them and fails the launch if any
+    rank saw a failure."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.world = MPI.COMM_WORLD
+        self.count = 0
+        self.failures = []
+
+    def fail(self, what, detail=""):
+        text = f"[rank {self.world.rank}] FAIL {what}"
+        if detail:
+            text += f"\n    {detail}"
+        self.failures.append(text)
+        # The first few printed at once as well: if a later collective
+        # hangs, the timeout output still shows what went wrong first.
+        if len(self.failures) <= 10:
+            print(text, file=sys.stderr, flush=True)
+
+    def true(self, ok, what, detail=""):
+        self.count += 1
+        if not ok:
+            self.fail(what, detail)
+        return bool(ok)
+
+    def equal(self, got, expected, what):
+        return self.true(got == expected, what,
+                         f"got {got!r}, expected {expected!r}")
+
+    def array(self, x, expected, what, dtype=None, tol=None):
+        """`x` (an NdArray) holds `expected` in `dtype`, within `tol`
+        element by element (exactly when `tol` is None or all zero)."""
+        self.count += 1
+        dtype = np.dtype(dtype if dtype is not None else expected.dtype)
+        expected = np.asarray(expected)
+        if x.dtype != dtype:
+            self.fail(what, f"dtype {np.dtype(x.dtype).name}, expected "
+                            f"{dtype.name}")
+            return False
+        got = np.array(x.data)
+        if got.shape != expected.shape:
+            self.fail(what, f"shape {got.shape}, expected {expected.shape}")
+            return False
+        if tol is None or not np.any(tol):
+            if dtype.kind == "f":
+                bad = got.astype(np.float64) != expected.astype(np.float64)
+            else:
+                bad = got.astype(np.int64) != expected.astype(np.int64)
+        else:
+            bad = ~(np.abs(got.astype(np.float64) - expected) <= tol)
+        if np.any(bad):
+            idx = np.argwhere(bad)[:3]
+            samples = ", ".join(
+                f"[{tuple(int(k) for k in i)}] got {got[tuple(i)]!r} "
+                f"expected {expected[tuple(i)]!r}"
+                + (f" tol {tol[tuple(i)]:.3g}" if tol is not None else "")
+                for i in idx)
+            self.fail(what, f"{int(np.sum(bad))} of {bad.size} elements "
+                            f"differ: {samples}")
+            return False
+        return True
+
+    def raises(self, exc_type, substring, what, fn, *args, **kwargs):
+        """`fn(*args, **kwargs)` raises `exc_type` whose message contains
+        `substring`."""
+        self.count += 1
+        try:
+            fn(*args, **kwargs)
+        except exc_type as e:
+            if substring.lower() not in str(e).lower():
+                self.fail(what, f"{type(e).__name__}({str(e)!r}) does not "
+                                f"mention {substring!r}")
+                return False
+            return True
+        except Exception as e:
+            self.fail(what, f"raised {type(e).__name__}({e!r}), expected "
+                            f"{exc_type.__name__}: "
+                            + traceback.format_exc(limit=2))
+            return False
+        self.fail(what, f"did not raise {exc_type.__name__}")
+        return False
+
+    def finish(self):
+        everyone = self.world.allgather((self.count, self.failures))
+        total = sum(c for c, _ in everyone)
+        failures = [f for _, fs in everyone for f in fs]
+        if self.world.rank == 0:
+            if failures:
+                print(f"{self.worker}: {len(failures)} of {total} checks "
+                      f"FAILED on {self.world.size} ranks:", flush=True)
+                for f in failures[:100]:
+                    print(f, flush=True)
+                if len(failures) > 100:
+                    print(f"... and {len(failures) - 100} more", flush=True)
+            else:
+                print(f"{self.worker}: {total} checks passed on "
+                      f"{self.world.size} ranks {env_note()}".rstrip(),
+                      flush=True)
+        if failures:
+            sys.exit(1)
+
+
+def standard_groups(comm, ck):
+    """Creates the groups most workers run on; every rank calls it.
+
+    Sub-groups cover a one-rank group, a reversed order (group rank i is
+    ranks[i], not world rank i), a group that skips rank 0 and a gapped
+    three-rank group.
+    """
+    n = comm.size
+    specs = [("single_last", [n - 1])]
+    if n >= 2:
+        specs.append(("reversed", list(range(n))[::-1]))
+    if n >= 3:
+        specs.append(("skip0", [2, 1]))
+    if n >= 4:
+        specs.append(("gapped", [3, 0, 2]))
+    groups = {"world": list(range(n))}
+    for name, ranks in specs:
+        ck.equal(comm.new_group((name, ranks)), name,
+                 f"new_group(({name!r}, {ranks})) returns the name")
+        groups[name] = ranks
+    return groups
+
+
+def env_note():
+    """The tunables in effect, for the report line."""
+    return " ".join(f"{k}={os.environ[k]}" for k in
+                    ("NNCOMM_DIRECT_BYTES", "NNCOMM_CHUNK_BYTES")
+                    if k in os.environ)
+
+
+def big_count(dtype):
+    """An odd element count just over 1 MiB: above the default direct
+    threshold, so the array is reduced where it lies."""
+    return (1 << 20) // np.dtype(dtype).itemsize + 3

@@ -1,0 +1,72 @@
+"""The MPI workers of tests/mpi on 1 to 4 ranks.
+
+Each worker runs hundreds to thousands of checks in one launch (importing
+nnabla costs about a second per launch) and fails with the list of every
+mismatch, rank by rank.
+"""
+import time
+
+import pytest
+
+from launcher import RANK_COUNTS, run_worker
+
+WORKERS = ["basics", "all_reduce", "rooted", "gather_scatter", "zeroing",
+           "parameters", "errors"]
+
+
+@pytest.mark.parametrize("n", RANK_COUNTS)
+@pytest.mark.parametrize("worker", WORKERS)
+def test_worker(worker, n):
+    run_worker(worker, n)
+
+
+# The same checks with the paths chosen by size moved down to small data:
+# every array >= 64 bytes is reduced where it lies instead of through the
+# fusion buffer, or every MPI reduction is cut into 4 KiB pieces.
+TUNED = {
+    "direct64": {"NNCOMM_DIRECT_BYTES": "64"},
+    "chunk4k": {"NNCOMM_CHUNK_BYTES": "4096"},
+}
+
+
+@pytest.mark.parametrize("n", (2, 3))
+@pytest.mark.parametrize("worker", ["all_reduce", "rooted", "zeroing",
+                                    "parameters"])
+@pytest.mark.parametrize("tuning", sorted(TUNED))
+def test_worker_tuned(tuning, worker, n):
+    out = run_worker(worker, n, env=TUNED[tuning])
+    # The report line echoes the tunables, so they did reach the ranks.
+    for key, value in TUNED[tuning].items():
+        assert f"{key}={value}" in out
+
+
+def test_large_tensor_two_ranks():
+    run_worker("large", 2, timeout=300)
+
+
+# -- the launcher itself ----------------------------------------------------
+
+def test_launcher_passes_a_good_job():
+    run_worker("selftest", 2, ["pass"])
+
+
+@pytest.mark.parametrize("mode", ["mismatch", "raise-one"])
+def test_launcher_reports_failures(mode):
+    start = time.monotonic()
+    with pytest.raises(pytest.fail.Exception) as failure:
+        run_worker("selftest", 2, [mode], timeout=60)
+    # A rank that raised alone must abort the job, not leave the others
+    # waiting in the barrier until the timeout.
+    assert time.monotonic() - start < 50
+    assert "exited with" in str(failure.value)
+    expected = "FAIL all_reduce of ones" if mode == "mismatch" \
+        else "the last rank fails alone"
+    assert expected in str(failure.value)
+
+
+def test_launcher_kills_a_hang():
+    start = time.monotonic()
+    with pytest.raises(pytest.fail.Exception) as failure:
+        run_worker("selftest", 2, ["hang"], timeout=8)
+    assert "hung for 8 s" in str(failure.value)
+    assert time.monotonic() - start < 30

@@ -1,0 +1,90 @@
+"""What needs no mpiexec: the factories, their nnabla aliases, the context
+check, and use before init(). Importing nncomm initialises MPI as a
+singleton (one rank), as for a script started with plain ``python``.
+"""
+import numpy as np
+import pytest
+
+import nnabla as nn
+from nnabla.ext_utils import get_extension_context
+
+import nncomm
+import nncomm.communicators as C
+
+# The names scripts written for nnabla.communicators use, the misspelt one
+# included.
+FACTORIES = ["MultiProcessDataParallelCommunicator",
+             "MultiProcessDataParalellCommunicator",
+             "MultiProcessCommunicator", "Comm", "Dist"]
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+def test_factory_makes_a_communicator_from_a_cpu_context(name):
+    factory = getattr(C, name)
+    for ctx in (get_extension_context("cpu"), nn.Context(),
+                get_extension_context("cpu", type_config="half")):
+        comm = factory(ctx)
+        assert isinstance(comm, nncomm.Communicator)
+        assert isinstance(comm.name, str) and comm.name
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+@pytest.mark.parametrize("backend", [["cudnn:float"], ["cuda:half"],
+                                     ["cuda:float", "cpu:float"]])
+def test_factory_rejects_a_non_cpu_context(name, backend):
+    ctx = nn.Context(backend=backend, array_class="CudaCachedArray",
+                     device_id="0")
+    with pytest.raises(ValueError, match="CPU context"):
+        getattr(C, name)(ctx)
+
+
+def test_factory_rejects_a_missing_context():
+    with pytest.raises(ValueError, match="CPU context"):
+        C.MultiProcessDataParallelCommunicator(None)
+
+
+def _uninitialised():
+    return C.MultiProcessDataParallelCommunicator(get_extension_context("cpu"))
+
+
+def _array():
+    return nn.NdArray.from_numpy_array(np.arange(3, dtype=np.float32))
+
+
+USES = {
+    "rank": lambda c: c.rank,
+    "size": lambda c: c.size,
+    "local_rank": lambda c: c.local_rank,
+    "barrier": lambda c: c.barrier(),
+    "new_group": lambda c: c.new_group(("g", [0])),
+    "list_groups": lambda c: c.list_groups(),
+    "find_group": lambda c: c.find_group("world"),
+    "all_reduce": lambda c: c.all_reduce(_array()),
+    "reduce": lambda c: c.reduce([_array()], 0),
+    "bcast": lambda c: c.bcast(_array(), 0),
+    "all_gather": lambda c: c.all_gather(_array(), [_array()]),
+    "reduce_scatter": lambda c: c.reduce_scatter([_array()], _array()),
+}
+
+
+@pytest.mark.parametrize("use", sorted(USES))
+def test_use_before_init_raises(use):
+    with pytest.raises(RuntimeError, match=r"not initialized.*init\(\)"):
+        USES[use](_uninitialised())
+
+
+def test_singleton_without_mpiexec():
+    """One process started without mpiexec is a world of one rank."""
+    comm = _uninitialised()
+    comm.init()
+    with pytest.raises(RuntimeError, match="already initialized"):
+        comm.init()
+    assert (comm.rank, comm.size, comm.local_rank) == (0, 1, 0)
+    assert comm.list_groups() == {"world": [0]}
+    x = nn.NdArray.from_numpy_array(np.array([1.5, -2.0, 4.0], np.float32))
+    comm.all_reduce(x, division=True)
+    np.testing.assert_array_equal(x.data, [1.5, -2.0, 4.0])
+    gathered = nn.NdArray((3,))
+    comm.all_gather(x, gathered)
+    np.testing.assert_array_equal(gathered.data, [1.5, -2.0, 4.0])
+    comm.barrier()
