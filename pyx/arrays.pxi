@@ -35,6 +35,20 @@ cdef list as_ndarray_list(data, str what):
     return list(data)
 
 
+cdef int check_distinct(list arrays, str what) except -1:
+    """Refuses a list that holds one array twice: reduced in place, it would
+    count twice in the fused path and be overwritten in the direct one."""
+    if len(arrays) > 1 and len(set(arrays)) != len(arrays):
+        seen = {}
+        for i, x in enumerate(arrays):
+            if x in seen:
+                raise ValueError(
+                    f"{what}[{seen[x]}] and {what}[{i}] are the same array; "
+                    f"a reduction takes each array once")
+            seen[x] = i
+    return 0
+
+
 cdef object dtype_of(x):
     try:
         return x.dtype

@@ -269,8 +269,10 @@ cdef class Communicator:
             comm.all_reduce([v.grad for v in params.values()], division=True)
         """
         cdef _Group g = self._member(group)
-        cdef ArrayList arrays = collect(as_ndarray_list(data, "data"),
-                                        self._ctx, "data", None, True)
+        cdef list data_list = as_ndarray_list(data, "data")
+        check_distinct(data_list, "data")
+        cdef ArrayList arrays = collect(data_list, self._ctx, "data", None,
+                                        True)
         if division:
             arrays.check_floating("data")
         cdef Materializer materialize = arrays.materializer()
@@ -295,8 +297,10 @@ cdef class Communicator:
         """
         cdef _Group g = self._member(group)
         cdef int root = _root(dst, "dst", g, group)
-        cdef ArrayList arrays = collect(as_ndarray_list(data, "data"),
-                                        self._ctx, "data", None, False)
+        cdef list data_list = as_ndarray_list(data, "data")
+        check_distinct(data_list, "data")
+        cdef ArrayList arrays = collect(data_list, self._ctx, "data", None,
+                                        False)
         if division:
             arrays.check_floating("data")
         cdef Status status

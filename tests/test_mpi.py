@@ -40,6 +40,11 @@ def test_worker_tuned(tuning, worker, n):
         assert f"{key}={value}" in out
 
 
+@pytest.mark.parametrize("n", (2, 3))
+def test_mismatched_calls_raise_with_check(n):
+    run_worker("check_calls", n, env={"NNCOMM_CHECK_CALLS": "1"})
+
+
 def test_large_tensor_two_ranks():
     run_worker("large", 2, timeout=300)
 

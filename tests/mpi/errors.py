@@ -249,6 +249,15 @@ def bad_data(e):
                  lambda: comm.reduce_scatter([bad] * n, x))]:
             e.expect(TypeError, name, f"{what} of {name}", fn,
                      untouched=[x, bad])
+    # One array twice in a reduction would be counted twice when fused and
+    # overwritten when reduced where it lies; both reductions refuse it.
+    y = f32(3)
+    for what, fn in [("all_reduce", lambda: comm.all_reduce([x, y, x])),
+                     ("all_reduce inplace",
+                      lambda: comm.all_reduce([x, y, x], inplace=True)),
+                     ("reduce", lambda: comm.reduce((y, x, y), 0))]:
+        e.expect(ValueError, "same array", f"{what} of one array twice", fn,
+                 untouched=[x, y])
     # Cast after creation: the dtype nnabla holds now is what counts.
     cast = f32(3)
     cast.cast(np.uint8)
