@@ -46,6 +46,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--budget", type=float, default=0.05,
                         help="seconds per measurement (sets iterations)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=SIZES,
+                        help="message sizes in bytes")
     args = parser.parse_args()
 
     ctx = get_extension_context("cpu")
@@ -57,7 +59,7 @@ def main():
         print(f"# {n} ranks, float32, best of {args.rounds} rounds")
         print(f"{'bytes':>10} {'raw us':>9} {'raw GB/s':>9} {'raw@nd GB/s':>11} "
               f"{'nncomm us':>10} {'nncomm GB/s':>11} {'ratio':>6} {'lat x':>6}")
-    for nbytes in SIZES:
+    for nbytes in args.sizes:
         count = nbytes // 4
         a = np.ones(count, np.float32)
         x = nn.NdArray.from_numpy_array(np.ones(count, np.float32))

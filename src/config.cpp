@@ -26,7 +26,7 @@ bool check_calls() {
 }
 
 size_t chunk_bytes() {
-  static const size_t value = env_bytes("NNCOMM_CHUNK_BYTES", 8u << 20);
+  static const size_t value = env_bytes("NNCOMM_CHUNK_BYTES", 4u << 20);
   return value;
 }
 
