@@ -253,6 +253,15 @@ def standard_groups(comm, ck):
     return groups
 
 
+def start(worker):
+    """The opening of most workers: the checker, the communicator, and the
+    standard groups this rank belongs to as (name, ranks) pairs."""
+    ck = Checker(worker)
+    comm, _ = make_comm()
+    groups = standard_groups(comm, ck)
+    return ck, comm, [(g, r) for g, r in groups.items() if comm.rank in r]
+
+
 def env_note():
     """The tunables in effect, for the report line."""
     return " ".join(f"{k}={os.environ[k]}" for k in

@@ -9,9 +9,8 @@ set to push small arrays through the direct and chunked paths.
 """
 import numpy as np
 
-from _harness import (DTYPES, Checker, big_count, dtype_name,
-                      expected_sum, contribution, is_float, make_comm, nd,
-                      standard_groups)
+from _harness import (DTYPES, big_count, contribution, dtype_name,
+                      expected_sum, is_float, nd, start)
 
 SHAPES = [(), (1,), (7,), (3, 5), (0,), (2, 0, 3), (13, 17)]
 
@@ -38,14 +37,10 @@ def run_case(ck, comm, group, ranks, specs, division, inplace, form, kind,
 
 
 def main():
-    ck = Checker("all_reduce")
-    comm, _ = make_comm()
-    groups = standard_groups(comm, ck)
+    ck, comm, groups = start("all_reduce")
     f16, f32, f64 = np.float16, np.float32, np.float64
     i32, i64 = np.int32, np.int64
-    for group, ranks in groups.items():
-        if comm.rank not in ranks:
-            continue
+    for group, ranks in groups:
         # The full set of forms on the world; sub-groups get the list with
         # every shape (fewer collectives keep 4 ranks on 2 cores fast: each
         # call is a point where ranks wait for each other).

@@ -10,8 +10,8 @@ import numpy as np
 
 import nnabla as nn
 
-from _harness import (DTYPES, Checker, big_count, contribution, dtype_name,
-                      is_float, make_comm, nd, reference, standard_groups)
+from _harness import (DTYPES, big_count, contribution, dtype_name, is_float,
+                      nd, reference, start)
 
 SHAPES = [(), (1,), (7,), (3, 5), (0,)]
 
@@ -99,12 +99,8 @@ def scatter_cases(ck, comm, group, ranks):
 
 
 def main():
-    ck = Checker("gather_scatter")
-    comm, _ = make_comm()
-    groups = standard_groups(comm, ck)
-    for group, ranks in groups.items():
-        if comm.rank not in ranks:
-            continue
+    ck, comm, groups = start("gather_scatter")
+    for group, ranks in groups:
         gather_cases(ck, comm, group, ranks)
         scatter_cases(ck, comm, group, ranks)
     ck.finish()

@@ -8,8 +8,8 @@ list or a tuple, and lists mixing dtypes.
 """
 import numpy as np
 
-from _harness import (DTYPES, Checker, big_count, contribution, dtype_name,
-                      expected_sum, is_float, make_comm, nd, standard_groups)
+from _harness import (DTYPES, big_count, contribution, dtype_name,
+                      expected_sum, is_float, nd, start)
 
 SHAPES = [(), (1,), (7,), (3, 5), (0,), (13, 17)]
 
@@ -52,9 +52,7 @@ def bcast_case(ck, comm, group, ranks, specs, src, inplace, form, key):
 
 
 def main():
-    ck = Checker("rooted")
-    comm, _ = make_comm()
-    groups = standard_groups(comm, ck)
+    ck, comm, groups = start("rooted")
     f16, f32, f64 = np.float16, np.float32, np.float64
     i32, i64 = np.int32, np.int64
     mixed = [(f32, (7,)), (i32, (3, 5)), (f16, (big_count(f16),)),
@@ -62,9 +60,7 @@ def main():
              (f16, (1,)), (f64, ()), (i64, (5,))]
     floats = [(f16, (9,)), (f64, (4, 4)), (f32, (big_count(f32),)),
               (f32, ()), (f16, (0,)), (f64, (big_count(f64),))]
-    for group, ranks in groups.items():
-        if comm.rank not in ranks:
-            continue
+    for group, ranks in groups:
         # Every dtype on its own at the world's first and last roots; every
         # root of every group with the lists mixing all dtypes (fewer
         # collectives keep 4 ranks on 2 cores fast).

@@ -12,9 +12,8 @@ import numpy as np
 
 import nnabla as nn
 
-from _harness import (DTYPES, Checker, big_count, contribution,
-                      dtype_name, is_float, make_comm, nd, reference,
-                      standard_groups)
+from _harness import (DTYPES, big_count, contribution, dtype_name, is_float,
+                      nd, reference, start)
 
 
 def make_array(key, rank, shape, dt, writers, typed=True):
@@ -156,12 +155,8 @@ def rooted_cases(ck, comm, group, ranks):
 
 
 def main():
-    ck = Checker("zeroing")
-    comm, _ = make_comm()
-    groups = standard_groups(comm, ck)
-    for group, ranks in groups.items():
-        if comm.rank not in ranks:
-            continue
+    ck, comm, groups = start("zeroing")
+    for group, ranks in groups:
         all_reduce_cases(ck, comm, group, ranks)
         if group in ("world", "skip0"):
             many_arrays(ck, comm, group, ranks)
