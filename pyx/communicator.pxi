@@ -11,8 +11,10 @@ from nnabla import Variable
 
 cdef class _Group:
     """A named set of world ranks; `transport` is null where this rank is
-    not a member."""
+    not a member. Each group packs in its own buffer, so that collectives on
+    different groups may run at once from different threads."""
     cdef unique_ptr[MpiTransport] transport
+    cdef FusionBuffer fusion
     cdef readonly list ranks
 
     def __cinit__(self, list ranks):
@@ -44,7 +46,6 @@ cdef class Communicator:
     cdef object _ctx
     cdef bint _initialized
     cdef dict _groups
-    cdef FusionBuffer _fusion
     cdef list _ctx_params
 
     def __cinit__(self, ctx):
@@ -278,7 +279,7 @@ cdef class Communicator:
         cdef Materializer materialize = arrays.materializer()
         cdef Status status
         with nogil:
-            status = all_reduce_list(deref(g.transport), self._fusion,
+            status = all_reduce_list(deref(g.transport), g.fusion,
                                      arrays.refs, division, not inplace,
                                      materialize)
         CHKSTATUS(status)
@@ -305,7 +306,7 @@ cdef class Communicator:
             arrays.check_floating("data")
         cdef Status status
         with nogil:
-            status = reduce_list(deref(g.transport), self._fusion,
+            status = reduce_list(deref(g.transport), g.fusion,
                                  arrays.refs, root, division, not inplace)
         CHKSTATUS(status)
 
@@ -325,7 +326,7 @@ cdef class Communicator:
                                         self._ctx, "data", None, False)
         cdef Status status
         with nogil:
-            status = bcast_list(deref(g.transport), self._fusion, arrays.refs,
+            status = bcast_list(deref(g.transport), g.fusion, arrays.refs,
                                 root, not inplace)
         CHKSTATUS(status)
 
@@ -353,7 +354,7 @@ cdef class Communicator:
                                       send.dtypes[0], False)
         cdef Status status
         with nogil:
-            status = all_gather(deref(g.transport), self._fusion,
+            status = all_gather(deref(g.transport), g.fusion,
                                 send.refs[0], recv.refs)
         CHKSTATUS(status)
 
@@ -391,7 +392,7 @@ cdef class Communicator:
                                       send.dtypes[0], False)
         cdef Status status
         with nogil:
-            status = reduce_scatter(deref(g.transport), self._fusion,
+            status = reduce_scatter(deref(g.transport), g.fusion,
                                     send.refs, recv.refs[0], division)
         CHKSTATUS(status)
 
