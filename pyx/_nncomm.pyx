@@ -2,8 +2,18 @@
 # distutils: language = c++
 """nncomm's compiled core: the communicator over MPI."""
 
+from cython.operator cimport dereference as deref
+from libc.stdint cimport uint64_t
+from libcpp cimport bool as cpp_bool
+from mpi4py cimport MPI
 from libnncomm cimport *
+
+import operator
+
+from mpi4py import MPI
 
 include "errors.pxi"
 include "arrays.pxi"
+include "groups.pxi"
+include "callback.pxi"
 include "communicator.pxi"

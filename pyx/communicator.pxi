@@ -1,24 +1,6 @@
 # Communicator: nnabla's Communicator API over MPI, on nnabla's own memory.
 
-from cython.operator cimport dereference as deref
-from mpi4py cimport MPI
-from mpi4py import MPI
-
-import operator
-
 from nnabla import Variable
-
-
-cdef class _Group:
-    """A named set of world ranks; `transport` is null where this rank is
-    not a member. Each group packs in its own buffer, so that collectives on
-    different groups may run at once from different threads."""
-    cdef unique_ptr[MpiTransport] transport
-    cdef FusionBuffer fusion
-    cdef readonly list ranks
-
-    def __cinit__(self, list ranks):
-        self.ranks = ranks
 
 
 cdef class Communicator:
@@ -46,12 +28,14 @@ cdef class Communicator:
     cdef object _ctx
     cdef bint _initialized
     cdef dict _groups
+    cdef dict _callback_states
     cdef list _ctx_params
 
     def __cinit__(self, ctx):
         self._ctx = ctx
         self._initialized = False
         self._groups = {}
+        self._callback_states = {}
         self._ctx_params = []
 
     # -- set-up -------------------------------------------------------------
@@ -280,7 +264,7 @@ cdef class Communicator:
         cdef Status status
         with nogil:
             status = all_reduce_list(deref(g.transport), g.fusion,
-                                     arrays.refs, division, not inplace,
+                                     arrays.refs, division, 1.0, not inplace,
                                      materialize)
         CHKSTATUS(status)
 
@@ -395,6 +379,90 @@ cdef class Communicator:
             status = reduce_scatter(deref(g.transport), g.fusion,
                                     send.refs, recv.refs[0], division)
         CHKSTATUS(status)
+
+    def all_reduce_callback(self, data, pack_size, bint division=False,
+                            group="world", scale_grad=1,
+                            bint keep_dtype=False):
+        """A backward hook that all-reduces gradients while backward runs.
+
+        Pass it as ``loss.backward(function_post_hook=cb)``. Each gradient is
+        handed to a background engine once every function of the graph that
+        writes it has run its backward, so shared parameters are reduced
+        once, after their last use. The engine reduces buckets of about
+        `pack_size` elements in an order fixed on every rank, while backward
+        goes on; when backward returns, every array holds the sum over the
+        group (the mean with `division`) of the gradients times
+        `scale_grad`, as ``all_reduce(data, division)`` after backward would
+        give. Gradients the graph does not reach are reduced at the end with
+        their current values (an array still zeroing on every rank stays
+        zeroing). Create it once and reuse it, or anew every iteration:
+        graph analyses, bucket plans and buffers are kept per set of
+        gradients.
+
+        Args:
+            data (list of :obj:`NdArray`): The gradients, usually
+                ``[v.grad for v in nn.get_parameters().values()]``.
+            pack_size (int): Elements per bucket (nnabla-examples use
+                ``2 << 20``).
+            division (bool): Average over the group instead of summing.
+            group (str): Name of a group.
+            scale_grad (float): Multiplies the gradients while they are
+                packed (e.g. to undo a loss scale).
+            keep_dtype (bool): Reduce each gradient in its own dtype. When
+                false, buckets travel in the context's dtype (float32 for
+                ``cpu:float``) and float16 gradients are converted.
+
+        Returns:
+            callable: The hook.
+
+        Example:
+
+        .. code-block:: python
+
+            grads = [v.grad for v in nn.get_parameters().values()]
+            cb = comm.all_reduce_callback(grads, 2 << 20, division=True)
+            loss.backward(clear_buffer=True, function_post_hook=cb)
+            solver.update()
+        """
+        cdef _Group g = self._member(group)
+        cdef list grads = as_ndarray_list(data, "data")
+        check_distinct(grads, "data")
+        for i, x in enumerate(grads):
+            dt = dtype_of(x)
+            if dt.kind != "f" or dt not in _DTYPE_CODES:
+                raise TypeError(f"data[{i}] is {dt}; gradients must be "
+                                f"float32, float16 or float64")
+        try:
+            size = operator.index(pack_size)
+        except TypeError:
+            raise TypeError(f"pack_size must be an int, "
+                            f"not {type(pack_size).__name__}") from None
+        if size <= 0:
+            raise ValueError(f"pack_size must be a positive number of "
+                             f"elements, got {size}")
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            raise RuntimeError(
+                "all_reduce_callback runs MPI on an engine thread and needs "
+                "MPI initialized with MPI_THREAD_MULTIPLE (mpi4py's default; "
+                "check mpi4py.rc.thread_level)")
+        wire = wire_dtype_of(self._ctx)
+        key = (group, size, keep_dtype, wire, tuple(grads))
+        cdef _CallbackState state = self._callback_states.get(key)
+        if state is None:
+            state = _CallbackState()
+            remember(self._callback_states, key, state, _MAX_STATES)
+        cdef AllReduceCallback cb = AllReduceCallback.__new__(AllReduceCallback)
+        cb.group = g
+        cb.state = state
+        cb.data = grads
+        cb.positions = state.positions(grads)
+        cb.ctx = self._ctx
+        cb.division = division
+        cb.keep_dtype = keep_dtype
+        cb.scale = float(scale_grad)
+        cb.pack_size = size
+        cb.wire = _DTYPE_CODES[wire]
+        return cb
 
 
 cdef int _root(value, str what, _Group g, group) except -1:

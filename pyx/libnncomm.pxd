@@ -2,6 +2,7 @@
 # the logic lives in src/, the Python-facing code in the .pxi files.
 
 from libc.stddef cimport size_t
+from libc.stdint cimport uint64_t
 from libcpp cimport bool
 from libcpp.memory cimport unique_ptr
 from libcpp.string cimport string
@@ -15,6 +16,7 @@ cdef extern from "nncomm/status.hpp" namespace "nncomm" nogil:
         kInvalidArgument
         kMpiError
         kOutOfMemory
+        kRuntimeError
 
     cdef cppclass Status:
         Status()
@@ -43,6 +45,7 @@ cdef extern from "nncomm/mpi_transport.hpp" namespace "nncomm" nogil:
         int size()
         int local_rank()
         Status barrier()
+        Status agree(uint64_t value, bool* same)
         void abort(int errorcode)
 
 
@@ -63,8 +66,8 @@ cdef extern from "nncomm/collectives.hpp" namespace "nncomm" nogil:
         void* context
 
     Status all_reduce_list(const MpiTransport& transport, FusionBuffer& fusion,
-                           vector[ArrayRef]& arrays, bool division, bool fuse,
-                           Materializer materialize)
+                           vector[ArrayRef]& arrays, bool division,
+                           float scale, bool fuse, Materializer materialize)
     Status reduce_list(const MpiTransport& transport, FusionBuffer& fusion,
                        const vector[ArrayRef]& arrays, int root,
                        bool division, bool fuse)
@@ -75,3 +78,40 @@ cdef extern from "nncomm/collectives.hpp" namespace "nncomm" nogil:
     Status reduce_scatter(const MpiTransport& transport, FusionBuffer& fusion,
                           const vector[ArrayRef]& send, const ArrayRef& recv,
                           bool division)
+
+
+cdef extern from "nncomm/bucket_plan.hpp" namespace "nncomm" nogil:
+    struct TensorSpec:
+        size_t count
+        DType dtype
+
+    struct Segment:
+        size_t tensor
+        size_t tensor_offset
+        size_t count
+        size_t bucket_offset
+
+    cdef cppclass Bucket:
+        DType dtype
+        size_t count
+        vector[Segment] segments
+        vector[size_t] tensors
+
+    vector[Bucket] plan_buckets(const vector[TensorSpec]& tensors,
+                                const vector[size_t]& order, size_t pack_size,
+                                bool keep_dtype, DType wire)
+
+
+cdef extern from "nncomm/engine.hpp" namespace "nncomm" nogil:
+    cdef cppclass Engine:
+        Engine(const MpiTransport& transport, size_t num_tensors,
+               vector[Bucket] plan, int poll_us)
+        void begin(float scale, int divisor)
+        void mark_ready(size_t tensor, void* ptr, DType dtype)
+        void fail(const string& message)
+        Status finish()
+        size_t num_buckets()
+
+
+cdef extern from "nncomm/config.hpp" namespace "nncomm::config" nogil:
+    int engine_poll_us()

@@ -53,7 +53,8 @@ FusionPlan plan_fusion(const std::vector<ArrayRef> &arrays, bool fuse,
     }
     Message *message = nullptr;
     for (Message &m : plan.messages) {
-      if (m.dtype == a.dtype) message = &m;
+      if (m.dtype == a.dtype)
+        message = &m;
     }
     if (message == nullptr) {
       plan.messages.emplace_back();
@@ -63,7 +64,8 @@ FusionPlan plan_fusion(const std::vector<ArrayRef> &arrays, bool fuse,
     message->slots.push_back({i, message->count});
     message->count += a.count;
   }
-  if (flags && !arrays.empty()) plan.messages[0].count += arrays.size();
+  if (flags && !arrays.empty())
+    plan.messages[0].count += arrays.size();
   for (Message &m : plan.messages) {
     m.byte_offset = plan.bytes;
     plan.bytes += align_up(m.count * dtype_size(m.dtype));
@@ -71,18 +73,25 @@ FusionPlan plan_fusion(const std::vector<ArrayRef> &arrays, bool fuse,
   return plan;
 }
 
+// dst = src / divisor, element-wise in `dt`.
+void divide_into(void *dst, const void *src, size_t count, DType dt,
+                 int divisor) {
+  convert_scaled(dst, dt, src, dt, count, 1.0f, divisor);
+}
+
 char *slot_address(char *buffer, const Message &m, const Slot &s) {
   return buffer + m.byte_offset + s.offset * dtype_size(m.dtype);
 }
 
-void pack(char *buffer, const Message &m, const std::vector<ArrayRef> &arrays) {
+void pack(char *buffer, const Message &m, const std::vector<ArrayRef> &arrays,
+          float scale) {
   for (const Slot &s : m.slots) {
     const ArrayRef &a = arrays[s.index];
-    const size_t bytes = a.count * dtype_size(a.dtype);
+    char *slot = slot_address(buffer, m, s);
     if (a.ptr != nullptr) {
-      std::memcpy(slot_address(buffer, m, s), a.ptr, bytes);
+      convert_scaled(slot, a.dtype, a.ptr, a.dtype, a.count, scale, 1);
     } else {
-      std::memset(slot_address(buffer, m, s), 0, bytes);
+      std::memset(slot, 0, a.count * dtype_size(a.dtype));
     }
   }
 }
@@ -91,20 +100,22 @@ void unpack(char *buffer, const Message &m, const std::vector<ArrayRef> &arrays,
             int divisor) {
   for (const Slot &s : m.slots) {
     const ArrayRef &a = arrays[s.index];
-    copy_divided(a.ptr, slot_address(buffer, m, s), a.count, a.dtype, divisor);
+    divide_into(a.ptr, slot_address(buffer, m, s), a.count, a.dtype, divisor);
   }
 }
 
 Status reserve_plan(FusionBuffer &fusion, const FusionPlan &plan,
                     char **buffer) {
   *buffer = nullptr;
-  if (plan.bytes == 0) return Status::Ok();
+  if (plan.bytes == 0)
+    return Status::Ok();
   return fusion.reserve(plan.bytes, buffer);
 }
 
 // Gives a zeroing array real memory once its reduced result must be stored.
 Status acquire(ArrayRef &a, size_t index, Materializer materialize) {
-  if (a.ptr != nullptr) return Status::Ok();
+  if (a.ptr != nullptr)
+    return Status::Ok();
   a.ptr = materialize.fn(materialize.context, index);
   if (a.ptr == nullptr) {
     return Status::InvalidArgument("nncomm could not get the memory of data[" +
@@ -117,7 +128,8 @@ Status acquire(ArrayRef &a, size_t index, Materializer materialize) {
 class CallSignature {
 public:
   CallSignature(const char *collective, int root, int options) {
-    for (const char *c = collective; *c != '\0'; ++c) add(*c);
+    for (const char *c = collective; *c != '\0'; ++c)
+      add(*c);
     add(root);
     add(options);
   }
@@ -143,29 +155,33 @@ private:
 // same call.
 Status check_same_call(const MpiTransport &transport, const char *collective,
                        const CallSignature &signature) {
-  if (!config::check_calls()) return Status::Ok();
+  if (!config::check_calls())
+    return Status::Ok();
   bool same = false;
   NNCOMM_RETURN_IF_ERROR(transport.agree(signature.value(), &same));
-  if (same) return Status::Ok();
+  if (same)
+    return Status::Ok();
   return Status::InvalidArgument(
       std::string("the ranks of this group called ") + collective +
       " with different arguments (number, sizes or dtypes of the arrays, "
       "root or options differ between ranks)");
 }
 
-}  // namespace
+} // namespace
 
 Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
-                       std::vector<ArrayRef> &arrays, bool division, bool fuse,
-                       Materializer materialize) {
+                       std::vector<ArrayRef> &arrays, bool division,
+                       float scale, bool fuse, Materializer materialize) {
   NNCOMM_RETURN_IF_ERROR(check_same_call(
       transport, "all_reduce",
       CallSignature("all_reduce", 0, division + 2 * fuse).add_arrays(arrays)));
-  if (arrays.empty()) return Status::Ok();
+  if (arrays.empty())
+    return Status::Ok();
   const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/true);
   char *buffer = nullptr;
   NNCOMM_RETURN_IF_ERROR(reserve_plan(fusion, plan, &buffer));
-  for (const Message &m : plan.messages) pack(buffer, m, arrays);
+  for (const Message &m : plan.messages)
+    pack(buffer, m, arrays, scale);
 
   const Message &first = plan.messages[0];
   char *flags = buffer + first.byte_offset +
@@ -174,8 +190,8 @@ Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
   for (size_t i = 0; i < arrays.size(); ++i) {
     write_flag(flags + i * flag_size, first.dtype, arrays[i].ptr != nullptr);
   }
-  NNCOMM_RETURN_IF_ERROR(
-      transport.allreduce(buffer + first.byte_offset, first.count, first.dtype));
+  NNCOMM_RETURN_IF_ERROR(transport.allreduce(buffer + first.byte_offset,
+                                             first.count, first.dtype));
   std::vector<bool> written(arrays.size());
   for (size_t i = 0; i < arrays.size(); ++i) {
     written[i] = read_flag(flags + i * flag_size, first.dtype);
@@ -185,38 +201,43 @@ Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
   for (size_t k = 0; k < plan.messages.size(); ++k) {
     const Message &m = plan.messages[k];
     bool any_written = false;
-    for (const Slot &s : m.slots) any_written = any_written || written[s.index];
-    if (!any_written) continue; // the same decision on every rank
+    for (const Slot &s : m.slots)
+      any_written = any_written || written[s.index];
+    if (!any_written)
+      continue; // the same decision on every rank
     if (k > 0) {
-      NNCOMM_RETURN_IF_ERROR(transport.allreduce(buffer + m.byte_offset,
-                                                 m.count, m.dtype));
+      NNCOMM_RETURN_IF_ERROR(
+          transport.allreduce(buffer + m.byte_offset, m.count, m.dtype));
     }
     for (const Slot &s : m.slots) {
-      if (!written[s.index]) continue;
+      if (!written[s.index])
+        continue;
       ArrayRef &a = arrays[s.index];
       NNCOMM_RETURN_IF_ERROR(acquire(a, s.index, materialize));
-      copy_divided(a.ptr, slot_address(buffer, m, s), a.count, a.dtype,
-                   divisor);
+      divide_into(a.ptr, slot_address(buffer, m, s), a.count, a.dtype, divisor);
     }
   }
 
   for (size_t i : plan.direct) {
-    if (!written[i]) continue;
+    if (!written[i])
+      continue;
     ArrayRef &a = arrays[i];
     if (a.ptr == nullptr) {
       // Zeros are this rank's share of the sum.
       NNCOMM_RETURN_IF_ERROR(acquire(a, i, materialize));
       std::memset(a.ptr, 0, a.count * dtype_size(a.dtype));
     }
+    // This rank's share is scaled where it lies; the sum overwrites it.
+    convert_scaled(a.ptr, a.dtype, a.ptr, a.dtype, a.count, scale, 1);
     NNCOMM_RETURN_IF_ERROR(transport.allreduce(a.ptr, a.count, a.dtype));
-    copy_divided(a.ptr, a.ptr, a.count, a.dtype, divisor);
+    divide_into(a.ptr, a.ptr, a.count, a.dtype, divisor);
   }
   return Status::Ok();
 }
 
 Status reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
-                   const std::vector<ArrayRef> &arrays, int root,
-                   bool division, bool fuse) {
+                   const std::vector<ArrayRef> &arrays, int root, bool division,
+                   bool fuse) {
   NNCOMM_RETURN_IF_ERROR(check_same_call(
       transport, "reduce",
       CallSignature("reduce", root, division + 2 * fuse).add_arrays(arrays)));
@@ -226,32 +247,37 @@ Status reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
   const bool is_root = transport.rank() == root;
   const int divisor = division ? transport.size() : 1;
   for (const Message &m : plan.messages) {
-    pack(buffer, m, arrays);
+    pack(buffer, m, arrays, 1.0f);
     NNCOMM_RETURN_IF_ERROR(
         transport.reduce(buffer + m.byte_offset, m.count, m.dtype, root));
-    if (is_root) unpack(buffer, m, arrays, divisor);
+    if (is_root)
+      unpack(buffer, m, arrays, divisor);
   }
   for (size_t i : plan.direct) {
     const ArrayRef &a = arrays[i];
     NNCOMM_RETURN_IF_ERROR(transport.reduce(a.ptr, a.count, a.dtype, root));
-    if (is_root) copy_divided(a.ptr, a.ptr, a.count, a.dtype, divisor);
+    if (is_root)
+      divide_into(a.ptr, a.ptr, a.count, a.dtype, divisor);
   }
   return Status::Ok();
 }
 
 Status bcast_list(const MpiTransport &transport, FusionBuffer &fusion,
                   const std::vector<ArrayRef> &arrays, int root, bool fuse) {
-  NNCOMM_RETURN_IF_ERROR(check_same_call(
-      transport, "bcast", CallSignature("bcast", root, fuse).add_arrays(arrays)));
+  NNCOMM_RETURN_IF_ERROR(
+      check_same_call(transport, "bcast",
+                      CallSignature("bcast", root, fuse).add_arrays(arrays)));
   const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/false);
   char *buffer = nullptr;
   NNCOMM_RETURN_IF_ERROR(reserve_plan(fusion, plan, &buffer));
   const bool is_root = transport.rank() == root;
   for (const Message &m : plan.messages) {
-    if (is_root) pack(buffer, m, arrays);
+    if (is_root)
+      pack(buffer, m, arrays, 1.0f);
     NNCOMM_RETURN_IF_ERROR(
         transport.bcast(buffer + m.byte_offset, m.count, m.dtype, root));
-    if (!is_root) unpack(buffer, m, arrays, 1);
+    if (!is_root)
+      unpack(buffer, m, arrays, 1);
   }
   for (size_t i : plan.direct) {
     const ArrayRef &a = arrays[i];
@@ -262,9 +288,9 @@ Status bcast_list(const MpiTransport &transport, FusionBuffer &fusion,
 
 Status all_gather(const MpiTransport &transport, FusionBuffer &fusion,
                   const ArrayRef &send, const std::vector<ArrayRef> &recv) {
-  NNCOMM_RETURN_IF_ERROR(check_same_call(
-      transport, "all_gather",
-      CallSignature("all_gather", 0, 0).add_arrays({send})));
+  NNCOMM_RETURN_IF_ERROR(
+      check_same_call(transport, "all_gather",
+                      CallSignature("all_gather", 0, 0).add_arrays({send})));
   if (recv.size() == 1) {
     return transport.allgather(send.ptr, recv[0].ptr, send.count, send.dtype);
   }
@@ -297,9 +323,9 @@ Status reduce_scatter(const MpiTransport &transport, FusionBuffer &fusion,
   }
   NNCOMM_RETURN_IF_ERROR(
       transport.reduce_scatter(packed, recv.ptr, recv.count, recv.dtype));
-  copy_divided(recv.ptr, recv.ptr, recv.count, recv.dtype,
-               division ? transport.size() : 1);
+  divide_into(recv.ptr, recv.ptr, recv.count, recv.dtype,
+              division ? transport.size() : 1);
   return Status::Ok();
 }
 
-}  // namespace nncomm
+} // namespace nncomm

@@ -1,5 +1,6 @@
 #include "nncomm/config.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -9,18 +10,29 @@ namespace config {
 namespace {
 size_t env_bytes(const char *name, size_t fallback) {
   const char *value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return fallback;
+  if (value == nullptr || *value == '\0')
+    return fallback;
   char *end = nullptr;
   unsigned long long parsed = std::strtoull(value, &end, 10);
-  if (end == value || *end != '\0' || parsed == 0) return fallback;
+  if (end == value || *end != '\0' || parsed == 0)
+    return fallback;
   return static_cast<size_t>(parsed);
 }
-}  // namespace
+} // namespace
 
 bool check_calls() {
   static const bool value = [] {
     const char *v = std::getenv("NNCOMM_CHECK_CALLS");
     return v != nullptr && *v != '\0' && std::string(v) != "0";
+  }();
+  return value;
+}
+
+int engine_poll_us() {
+  static const int value = [] {
+    const char *v = std::getenv("NNCOMM_ENGINE_POLL_US");
+    if (v == nullptr || *v == '\0') return 50;
+    return std::max(0, std::atoi(v));
   }();
   return value;
 }
@@ -40,5 +52,5 @@ size_t huge_page_bytes() {
   return value;
 }
 
-}  // namespace config
-}  // namespace nncomm
+} // namespace config
+} // namespace nncomm

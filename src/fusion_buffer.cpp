@@ -15,8 +15,9 @@ Status FusionBuffer::reserve(size_t bytes, char **data) {
     size_t grown = std::max(bytes, capacity_ + capacity_ / 2);
     void *fresh = nullptr;
     if (posix_memalign(&fresh, 64, grown) != 0) {
-      return Status::OutOfMemory("nncomm could not allocate a fusion buffer of " +
-                                 std::to_string(grown) + " bytes");
+      return Status::OutOfMemory(
+          "nncomm could not allocate a fusion buffer of " +
+          std::to_string(grown) + " bytes");
     }
     std::free(data_);
     data_ = static_cast<char *>(fresh);
@@ -26,4 +27,4 @@ Status FusionBuffer::reserve(size_t bytes, char **data) {
   return Status::Ok();
 }
 
-}  // namespace nncomm
+} // namespace nncomm

@@ -2,15 +2,51 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace nncomm {
 
 namespace {
-template <typename T, typename Wide>
-void divide(T *dst, const T *src, size_t count, int divisor) {
-  const Wide d = static_cast<Wide>(divisor);
-  for (size_t i = 0; i < count; ++i) {
-    dst[i] = static_cast<T>(static_cast<Wide>(src[i]) / d);
+
+template <typename To, typename From, typename Wide>
+void convert(To *dst, const From *src, size_t count, Wide scale, Wide divisor) {
+  // Dividing, rather than multiplying by 1 / divisor, gives the same
+  // rounding as numpy's x / n.
+  if (divisor == Wide(1)) {
+    for (size_t i = 0; i < count; ++i) {
+      dst[i] = static_cast<To>(static_cast<Wide>(src[i]) * scale);
+    }
+  } else {
+    for (size_t i = 0; i < count; ++i) {
+      dst[i] = static_cast<To>(static_cast<Wide>(src[i]) * scale / divisor);
+    }
+  }
+}
+
+template <typename To, typename From>
+void convert_from(To *dst, const From *src, size_t count, float scale,
+                  int divisor) {
+  constexpr bool wide = sizeof(To) == 8 || sizeof(From) == 8;
+  using Wide = typename std::conditional<wide, double, float>::type;
+  convert<To, From, Wide>(dst, src, count, static_cast<Wide>(scale),
+                          static_cast<Wide>(divisor));
+}
+
+template <typename To>
+void convert_to(To *dst, const void *src, DType src_dt, size_t count,
+                float scale, int divisor) {
+  switch (src_dt) {
+  case DType::kFloat32:
+    convert_from(dst, static_cast<const float *>(src), count, scale, divisor);
+    break;
+  case DType::kFloat64:
+    convert_from(dst, static_cast<const double *>(src), count, scale, divisor);
+    break;
+  case DType::kFloat16:
+    convert_from(dst, static_cast<const _Float16 *>(src), count, scale,
+                 divisor);
+    break;
+  default: break;
   }
 }
 
@@ -24,30 +60,29 @@ template <typename T> bool read_as(const void *src) {
   std::memcpy(&v, src, sizeof(T));
   return v != static_cast<T>(0);
 }
-}  // namespace
 
-void copy_divided(void *dst, const void *src, size_t count, DType dt,
-                  int divisor) {
-  if (divisor == 1 || !dtype_is_floating(dt)) {
-    if (dst != src) std::memcpy(dst, src, count * dtype_size(dt));
+} // namespace
+
+void convert_scaled(void *dst, DType dst_dt, const void *src, DType src_dt,
+                    size_t count, float scale, int divisor) {
+  const bool identity = scale == 1.0f && divisor == 1;
+  if (dst_dt == src_dt && (identity || !dtype_is_floating(dst_dt))) {
+    if (dst != src)
+      std::memcpy(dst, src, count * dtype_size(dst_dt));
     return;
   }
-  switch (dt) {
+  switch (dst_dt) {
   case DType::kFloat32:
-    divide<float, float>(static_cast<float *>(dst),
-                         static_cast<const float *>(src), count, divisor);
+    convert_to(static_cast<float *>(dst), src, src_dt, count, scale, divisor);
     break;
   case DType::kFloat64:
-    divide<double, double>(static_cast<double *>(dst),
-                           static_cast<const double *>(src), count, divisor);
+    convert_to(static_cast<double *>(dst), src, src_dt, count, scale, divisor);
     break;
   case DType::kFloat16:
-    divide<_Float16, float>(static_cast<_Float16 *>(dst),
-                            static_cast<const _Float16 *>(src), count,
-                            divisor);
+    convert_to(static_cast<_Float16 *>(dst), src, src_dt, count, scale,
+               divisor);
     break;
-  default:
-    break;
+  default: break;
   }
 }
 
@@ -72,4 +107,4 @@ bool read_flag(const void *src, DType dt) {
   return false;
 }
 
-}  // namespace nncomm
+} // namespace nncomm

@@ -1,8 +1,10 @@
 #include "nncomm/mpi_transport.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <string>
+#include <thread>
 
 #include "nncomm/config.hpp"
 #include "nncomm/host_memory.hpp"
@@ -12,7 +14,8 @@ namespace nncomm {
 Status Status::Mpi(int mpi_error, const char *call) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
-  if (MPI_Error_string(mpi_error, text, &length) != MPI_SUCCESS) length = 0;
+  if (MPI_Error_string(mpi_error, text, &length) != MPI_SUCCESS)
+    length = 0;
   return Status(StatusCode::kMpiError,
                 std::string(call) + " failed: " + std::string(text, length));
 }
@@ -22,7 +25,8 @@ namespace {
 #define NNCOMM_MPI_CALL(fn, ...)                                               \
   do {                                                                         \
     int _nncomm_err = fn(__VA_ARGS__);                                         \
-    if (_nncomm_err != MPI_SUCCESS) return Status::Mpi(_nncomm_err, #fn);      \
+    if (_nncomm_err != MPI_SUCCESS)                                            \
+      return Status::Mpi(_nncomm_err, #fn);                                    \
   } while (0)
 
 // MPI has no half-precision sum. Each step widens to float, adds, and rounds
@@ -56,7 +60,8 @@ Status sum_op(DType dt, MPI_Op *op) {
   }
   static MPI_Op half_op = MPI_OP_NULL;
   static int created = MPI_Op_create(&half_sum, 1, &half_op);
-  if (created != MPI_SUCCESS) return Status::Mpi(created, "MPI_Op_create");
+  if (created != MPI_SUCCESS)
+    return Status::Mpi(created, "MPI_Op_create");
   *op = half_op;
   return Status::Ok();
 }
@@ -74,7 +79,8 @@ template <typename ReducePiece>
 Status for_each_chunk(void *buf, size_t count, DType dt,
                       ReducePiece reduce_piece) {
   const size_t bytes = count * dtype_size(dt);
-  if (bytes >= config::huge_page_bytes()) prefer_huge_pages(buf, bytes);
+  if (bytes >= config::huge_page_bytes())
+    prefer_huge_pages(buf, bytes);
   const size_t step = chunk_elements(dt);
   char *base = static_cast<char *>(buf);
   for (size_t done = 0; done < count; done += step) {
@@ -84,7 +90,7 @@ Status for_each_chunk(void *buf, size_t count, DType dt,
   return Status::Ok();
 }
 
-}  // namespace
+} // namespace
 
 Status MpiTransport::Create(MPI_Comm comm, std::unique_ptr<MpiTransport> *out) {
   MPI_Comm dup = MPI_COMM_NULL;
@@ -105,10 +111,12 @@ Status MpiTransport::CreateGroup(const MpiTransport &parent,
   int err = MPI_Group_incl(parent_group, static_cast<int>(ranks.size()),
                            ranks.data(), &group);
   MPI_Group_free(&parent_group);
-  if (err != MPI_SUCCESS) return Status::Mpi(err, "MPI_Group_incl");
+  if (err != MPI_SUCCESS)
+    return Status::Mpi(err, "MPI_Group_incl");
   err = MPI_Comm_create_group(parent.comm_, group, 0, &comm);
   MPI_Group_free(&group);
-  if (err != MPI_SUCCESS) return Status::Mpi(err, "MPI_Comm_create_group");
+  if (err != MPI_SUCCESS)
+    return Status::Mpi(err, "MPI_Comm_create_group");
   std::unique_ptr<MpiTransport> transport(new MpiTransport(comm));
   NNCOMM_RETURN_IF_ERROR(transport->Init());
   *out = std::move(transport);
@@ -124,28 +132,43 @@ Status MpiTransport::Init() {
                   MPI_INFO_NULL, &node);
   int err = MPI_Comm_rank(node, &local_rank_);
   MPI_Comm_free(&node);
-  if (err != MPI_SUCCESS) return Status::Mpi(err, "MPI_Comm_rank");
+  if (err != MPI_SUCCESS)
+    return Status::Mpi(err, "MPI_Comm_rank");
   return Status::Ok();
 }
 
 MpiTransport::~MpiTransport() {
   int finalized = 1;
   MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (!finalized && comm_ != MPI_COMM_NULL)
+    MPI_Comm_free(&comm_);
 }
 
-Status MpiTransport::allreduce(void *buf, size_t count, DType dt) const {
+Status MpiTransport::allreduce(void *buf, size_t count, DType dt,
+                               int poll_us) const {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
   return for_each_chunk(buf, count, dt, [&](char *piece, int n) {
-    NNCOMM_MPI_CALL(MPI_Allreduce, MPI_IN_PLACE, piece, n, mpi_type(dt), op,
-                    comm_);
-    return Status::Ok();
+    if (poll_us < 0) {
+      NNCOMM_MPI_CALL(MPI_Allreduce, MPI_IN_PLACE, piece, n, mpi_type(dt), op,
+                      comm_);
+      return Status::Ok();
+    }
+    MPI_Request request = MPI_REQUEST_NULL;
+    NNCOMM_MPI_CALL(MPI_Iallreduce, MPI_IN_PLACE, piece, n, mpi_type(dt), op,
+                    comm_, &request);
+    for (int done = 0;;) {
+      NNCOMM_MPI_CALL(MPI_Test, &request, &done, MPI_STATUS_IGNORE);
+      if (done)
+        return Status::Ok();
+      if (poll_us > 0) {
+        std::this_thread::sleep_for(std::chrono::microseconds(poll_us));
+      }
+    }
   });
 }
 
-Status MpiTransport::reduce(void *buf, size_t count, DType dt,
-                            int root) const {
+Status MpiTransport::reduce(void *buf, size_t count, DType dt, int root) const {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
   const bool is_root = rank_ == root;
@@ -159,8 +182,8 @@ Status MpiTransport::reduce(void *buf, size_t count, DType dt,
 }
 
 Status MpiTransport::bcast(void *buf, size_t count, DType dt, int root) const {
-  NNCOMM_MPI_CALL(MPI_Bcast_c, buf, static_cast<MPI_Count>(count),
-                  mpi_type(dt), root, comm_);
+  NNCOMM_MPI_CALL(MPI_Bcast_c, buf, static_cast<MPI_Count>(count), mpi_type(dt),
+                  root, comm_);
   return Status::Ok();
 }
 
@@ -197,4 +220,4 @@ Status MpiTransport::agree(uint64_t value, bool *same) const {
 
 void MpiTransport::abort(int errorcode) const { MPI_Abort(comm_, errorcode); }
 
-}  // namespace nncomm
+} // namespace nncomm

@@ -35,20 +35,21 @@ struct Materializer {
   void *context;
 };
 
-// Sums each array over the transport's ranks (the mean with `division`).
+// Sums each array, times `scale`, over the transport's ranks (divided by
+// their number with `division`).
 // An array whose pointer is nullptr here counts as zeros; an array that is
 // nullptr on every rank is skipped and stays untouched, as nnabla skips
 // arrays that are still zeroing everywhere. Which arrays were written
 // anywhere travels with the first message, so skipping costs no extra call.
 Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
-                       std::vector<ArrayRef> &arrays, bool division, bool fuse,
-                       Materializer materialize);
+                       std::vector<ArrayRef> &arrays, bool division,
+                       float scale, bool fuse, Materializer materialize);
 
 // Sums each array into rank `root` (the mean with `division`); the arrays
 // of the other ranks stay unchanged.
 Status reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
-                   const std::vector<ArrayRef> &arrays, int root,
-                   bool division, bool fuse);
+                   const std::vector<ArrayRef> &arrays, int root, bool division,
+                   bool fuse);
 
 // Copies rank `root`'s arrays into every other rank's.
 Status bcast_list(const MpiTransport &transport, FusionBuffer &fusion,
@@ -66,4 +67,4 @@ Status reduce_scatter(const MpiTransport &transport, FusionBuffer &fusion,
                       const std::vector<ArrayRef> &send, const ArrayRef &recv,
                       bool division);
 
-}  // namespace nncomm
+} // namespace nncomm

@@ -29,5 +29,9 @@ size_t huge_page_bytes();
 // aborting. Costs one small all-reduce per call. NNCOMM_CHECK_CALLS=1.
 bool check_calls();
 
-}  // namespace config
-}  // namespace nncomm
+// How often, in microseconds, the callback engine's thread tests a
+// reduction in flight (0: it spins). NNCOMM_ENGINE_POLL_US.
+int engine_poll_us();
+
+} // namespace config
+} // namespace nncomm

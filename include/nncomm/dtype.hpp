@@ -30,4 +30,4 @@ inline bool dtype_is_floating(DType dt) {
          dt == DType::kFloat16;
 }
 
-}  // namespace nncomm
+} // namespace nncomm

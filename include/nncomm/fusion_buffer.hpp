@@ -27,4 +27,4 @@ private:
   size_t capacity_ = 0;
 };
 
-}  // namespace nncomm
+} // namespace nncomm

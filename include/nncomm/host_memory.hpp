@@ -17,4 +17,4 @@ namespace nncomm {
 // is not advised again.
 void prefer_huge_pages(void *p, size_t bytes);
 
-}  // namespace nncomm
+} // namespace nncomm

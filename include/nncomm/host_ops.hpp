@@ -7,15 +7,17 @@
 
 namespace nncomm {
 
-// dst[i] = src[i] / divisor for i < count; a plain copy when divisor is 1.
-// dst may equal src. Integer types are copied only (callers reject integer
-// division before any rank communicates).
-void copy_divided(void *dst, const void *src, size_t count, DType dt,
-                  int divisor);
+// dst[i] = src[i] * scale / divisor for i < count, converting between the
+// floating dtypes (arithmetic in float, or in double where either side is
+// float64). A plain copy when the dtypes match and scale and divisor are 1;
+// integer dtypes are only ever copied that way (callers refuse integer
+// scaling before any rank communicates). dst may equal src.
+void convert_scaled(void *dst, DType dst_dt, const void *src, DType src_dt,
+                    size_t count, float scale, int divisor);
 
 // Writes one element of `dt` holding 1 or 0.
 void write_flag(void *dst, DType dt, bool value);
 // True when the element of `dt` at `src` is not zero.
 bool read_flag(const void *src, DType dt);
 
-}  // namespace nncomm
+} // namespace nncomm

@@ -37,14 +37,16 @@ public:
   // Rank among the processes that share this one's memory (same host).
   int local_rank() const { return local_rank_; }
 
-  // Sums `buf` over all ranks, in place.
-  Status allreduce(void *buf, size_t count, DType dt) const;
+  // Sums `buf` over all ranks, in place. With `poll_us` >= 0 the reduction
+  // is nonblocking and tested every `poll_us` microseconds: a background
+  // thread waiting on the network then leaves its core to computation,
+  // where MPICH's blocking calls would spin on it.
+  Status allreduce(void *buf, size_t count, DType dt, int poll_us = -1) const;
   // Sums `buf` into `root`'s `buf`; other ranks' `buf` stay unchanged.
   Status reduce(void *buf, size_t count, DType dt, int root) const;
   Status bcast(void *buf, size_t count, DType dt, int root) const;
   // `recv` holds size() blocks of `count`, block r from rank r.
-  Status allgather(const void *send, void *recv, size_t count,
-                   DType dt) const;
+  Status allgather(const void *send, void *recv, size_t count, DType dt) const;
   // `send` holds size() blocks of `count`; rank r gets the sum of block r.
   Status reduce_scatter(const void *send, void *recv, size_t count,
                         DType dt) const;
@@ -64,4 +66,4 @@ private:
   int local_rank_ = 0;
 };
 
-}  // namespace nncomm
+} // namespace nncomm

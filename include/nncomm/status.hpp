@@ -11,9 +11,10 @@ namespace nncomm {
 
 enum class StatusCode : int {
   kOk = 0,
-  kInvalidArgument = 1,  // raised as ValueError
-  kMpiError = 2,         // raised as RuntimeError carrying MPI's error string
-  kOutOfMemory = 3,      // raised as MemoryError
+  kInvalidArgument = 1, // raised as ValueError
+  kMpiError = 2,        // raised as RuntimeError carrying MPI's error string
+  kOutOfMemory = 3,     // raised as MemoryError
+  kRuntimeError = 4,    // raised as RuntimeError
 };
 
 class Status {
@@ -22,6 +23,9 @@ public:
   static Status Ok() { return Status(); }
   static Status InvalidArgument(std::string msg) {
     return Status(StatusCode::kInvalidArgument, std::move(msg));
+  }
+  static Status RuntimeError(std::string msg) {
+    return Status(StatusCode::kRuntimeError, std::move(msg));
   }
   static Status OutOfMemory(std::string msg) {
     return Status(StatusCode::kOutOfMemory, std::move(msg));
@@ -40,11 +44,12 @@ private:
   std::string message_;
 };
 
-}  // namespace nncomm
+} // namespace nncomm
 
 // Returns early from the enclosing function when `expr` is not OK.
 #define NNCOMM_RETURN_IF_ERROR(expr)                                           \
   do {                                                                         \
     ::nncomm::Status _nncomm_status = (expr);                                  \
-    if (!_nncomm_status.ok()) return _nncomm_status;                           \
+    if (!_nncomm_status.ok())                                                  \
+      return _nncomm_status;                                                   \
   } while (0)

@@ -5,7 +5,8 @@ Change ``import nnabla.communicators as C`` to
 script stays as it is.
 """
 from nncomm import communicators
-from nncomm._nncomm import Communicator
+from nncomm._nncomm import AllReduceCallback, Communicator
+from nncomm.hooks import chain_hooks
 
-__all__ = ["Communicator", "communicators"]
+__all__ = ["AllReduceCallback", "Communicator", "chain_hooks", "communicators"]
 __version__ = "0.1.0"

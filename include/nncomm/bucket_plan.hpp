@@ -1,0 +1,44 @@
+// The bucket plan of a gradient all-reduce: which pieces of which tensors
+// travel in which bucket. A pure function of the tensors' sizes and dtypes,
+// so every rank that passes the same tensors gets the same plan and issues
+// the same MPI calls in the same order.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "nncomm/dtype.hpp"
+
+namespace nncomm {
+
+struct TensorSpec {
+  size_t count; // elements
+  DType dtype;
+};
+
+// `count` elements of tensor `tensor`, from its element `tensor_offset`, at
+// element `bucket_offset` of the bucket.
+struct Segment {
+  size_t tensor;
+  size_t tensor_offset;
+  size_t count;
+  size_t bucket_offset;
+};
+
+struct Bucket {
+  DType dtype; // the dtype on the wire
+  size_t count = 0;
+  std::vector<Segment> segments;
+  std::vector<size_t> tensors; // distinct tensors with a segment here
+};
+
+// Fills buckets of up to `pack_size` elements with `tensors` taken in
+// `order`, splitting a tensor across buckets where it does not fit.
+// With `keep_dtype`, a bucket holds one dtype and travels in it (a bucket
+// per dtype is open at a time); otherwise every bucket travels in `wire`.
+// Empty tensors get no segment. Buckets are listed in launch order.
+std::vector<Bucket> plan_buckets(const std::vector<TensorSpec> &tensors,
+                                 const std::vector<size_t> &order,
+                                 size_t pack_size, bool keep_dtype, DType wire);
+
+} // namespace nncomm

@@ -1,0 +1,85 @@
+// Engine: the background thread that all-reduces gradient buckets while
+// backward goes on.
+//
+// The framework adapter (pyx/callback.pxi) calls mark_ready() as each
+// gradient becomes final. The engine's thread launches buckets strictly in
+// plan order, so every rank issues the same MPI calls whatever order its
+// gradients finish in: it waits until the next bucket's tensors are all
+// ready, packs them into its one staging buffer (times `scale`, converted to
+// the bucket's dtype), all-reduces it, and unpacks the sum (divided by
+// `divisor`) back into the gradients.
+//
+// A rank that fails locally mid-iteration (fail()) still sends every
+// remaining bucket, zero-filled and flagged: each bucket carries one extra
+// element that is 1 on a failed rank, so after the sum every rank knows
+// whether some rank failed and none is left waiting for a bucket.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nncomm/bucket_plan.hpp"
+#include "nncomm/fusion_buffer.hpp"
+#include "nncomm/mpi_transport.hpp"
+#include "nncomm/status.hpp"
+
+namespace nncomm {
+
+class Engine {
+public:
+  // Starts the thread. `transport` must outlive the engine; `plan` covers
+  // `num_tensors` tensors by index.
+  Engine(const MpiTransport &transport, size_t num_tensors,
+         std::vector<Bucket> plan, int poll_us);
+  ~Engine();
+  Engine(const Engine &) = delete;
+  Engine &operator=(const Engine &) = delete;
+
+  // Starts an iteration: every tensor of the plan is pending again.
+  void begin(float scale, int divisor);
+  // Tensor `tensor` is final, at `ptr`, holding `dtype` (which, with
+  // keep_dtype plans, is the dtype its bucket travels in).
+  void mark_ready(size_t tensor, void *ptr, DType dtype);
+  // This rank failed: the remaining buckets go out zero-filled and flagged,
+  // and finish() returns `message`.
+  void fail(const std::string &message);
+  // Waits until every bucket of the iteration is reduced. Fails with this
+  // rank's own error, an MPI error, or the news that another rank failed.
+  Status finish();
+
+  size_t num_buckets() const { return plan_.size(); }
+
+private:
+  void run();
+  // Pack, all-reduce and unpack bucket `b`; `failed` sends it flagged.
+  Status reduce_bucket(size_t b, bool failed, bool *any_failed);
+
+  const MpiTransport &transport_;
+  const std::vector<Bucket> plan_;
+  const int poll_us_;
+  std::vector<std::vector<size_t>> buckets_of_; // tensor -> its buckets
+  FusionBuffer staging_;                        // used by the thread only
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<size_t> pending_; // bucket -> tensors not ready yet
+  std::vector<void *> ptrs_;    // tensor -> its memory this iteration
+  std::vector<DType> dtypes_;   // tensor -> its dtype this iteration
+  size_t next_ = 0;             // next bucket to launch
+  bool active_ = false;         // an iteration is under way
+  bool stop_ = false;
+  bool failed_here_ = false;
+  bool failed_elsewhere_ = false;
+  std::string failure_;
+  Status error_;
+  float scale_ = 1.0f;
+  int divisor_ = 1;
+
+  std::thread thread_; // last: starts once everything above exists
+};
+
+} // namespace nncomm

@@ -1,0 +1,49 @@
+#include "nncomm/bucket_plan.hpp"
+
+#include <algorithm>
+
+namespace nncomm {
+
+std::vector<Bucket> plan_buckets(const std::vector<TensorSpec> &tensors,
+                                 const std::vector<size_t> &order,
+                                 size_t pack_size, bool keep_dtype,
+                                 DType wire) {
+  std::vector<Bucket> plan;
+  // The bucket being filled for each wire dtype, in order of first use.
+  std::vector<Bucket> open;
+  auto open_bucket = [&](DType dt) -> Bucket & {
+    for (Bucket &b : open) {
+      if (b.dtype == dt)
+        return b;
+    }
+    open.emplace_back();
+    open.back().dtype = dt;
+    return open.back();
+  };
+  for (size_t t : order) {
+    const TensorSpec &spec = tensors[t];
+    const DType dt = keep_dtype ? spec.dtype : wire;
+    size_t done = 0;
+    while (done < spec.count) {
+      Bucket &b = open_bucket(dt);
+      const size_t take = std::min(spec.count - done, pack_size - b.count);
+      b.segments.push_back({t, done, take, b.count});
+      if (b.tensors.empty() || b.tensors.back() != t)
+        b.tensors.push_back(t);
+      b.count += take;
+      done += take;
+      if (b.count == pack_size) {
+        plan.push_back(std::move(b));
+        b = Bucket();
+        b.dtype = dt;
+      }
+    }
+  }
+  for (Bucket &b : open) {
+    if (b.count > 0)
+      plan.push_back(std::move(b));
+  }
+  return plan;
+}
+
+} // namespace nncomm

@@ -1,0 +1,149 @@
+#include "nncomm/engine.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "nncomm/host_ops.hpp"
+
+namespace nncomm {
+
+Engine::Engine(const MpiTransport &transport, size_t num_tensors,
+               std::vector<Bucket> plan, int poll_us)
+    : transport_(transport), plan_(std::move(plan)), poll_us_(poll_us),
+      buckets_of_(num_tensors), pending_(plan_.size()),
+      ptrs_(num_tensors, nullptr), dtypes_(num_tensors, DType::kFloat32) {
+  for (size_t b = 0; b < plan_.size(); ++b) {
+    for (size_t t : plan_[b].tensors)
+      buckets_of_[t].push_back(b);
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
+
+void Engine::begin(float scale, int divisor) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t b = 0; b < plan_.size(); ++b) {
+    pending_[b] = plan_[b].tensors.size();
+  }
+  std::fill(ptrs_.begin(), ptrs_.end(), nullptr);
+  next_ = 0;
+  active_ = !plan_.empty();
+  failed_here_ = failed_elsewhere_ = false;
+  failure_.clear();
+  error_ = Status::Ok();
+  scale_ = scale;
+  divisor_ = divisor;
+}
+
+void Engine::mark_ready(size_t tensor, void *ptr, DType dtype) {
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!active_ || failed_here_)
+      return;
+    ptrs_[tensor] = ptr;
+    dtypes_[tensor] = dtype;
+    for (size_t b : buckets_of_[tensor]) {
+      const bool last = --pending_[b] == 0;
+      wake = wake || (last && b == next_);
+    }
+  }
+  if (wake)
+    changed_.notify_all();
+}
+
+void Engine::fail(const std::string &message) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!active_ || failed_here_)
+      return;
+    failed_here_ = true;
+    failure_ = message;
+    std::fill(pending_.begin(), pending_.end(), 0);
+  }
+  changed_.notify_all();
+}
+
+Status Engine::finish() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [this] { return !active_; });
+  if (failed_here_)
+    return Status::RuntimeError(failure_);
+  if (!error_.ok())
+    return error_;
+  if (failed_elsewhere_) {
+    return Status::RuntimeError(
+        "another rank of the group failed during this backward; the "
+        "gradients were not all-reduced");
+  }
+  return Status::Ok();
+}
+
+void Engine::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    changed_.wait(
+        lock, [this] { return stop_ || (active_ && pending_[next_] == 0); });
+    if (stop_)
+      return;
+    const size_t b = next_;
+    const bool failed = failed_here_;
+    lock.unlock();
+    bool any_failed = false;
+    Status status = reduce_bucket(b, failed, &any_failed);
+    lock.lock();
+    failed_elsewhere_ = failed_elsewhere_ || any_failed;
+    if (!status.ok() && error_.ok())
+      error_ = status;
+    // After an MPI error the ranks no longer agree on what comes next, so
+    // no further bucket is launched.
+    next_ = status.ok() ? next_ + 1 : plan_.size();
+    if (next_ == plan_.size()) {
+      active_ = false;
+      changed_.notify_all();
+    }
+  }
+}
+
+Status Engine::reduce_bucket(size_t b, bool failed, bool *any_failed) {
+  const Bucket &bucket = plan_[b];
+  const size_t wire = dtype_size(bucket.dtype);
+  char *buffer = nullptr;
+  NNCOMM_RETURN_IF_ERROR(staging_.reserve((bucket.count + 1) * wire, &buffer));
+  for (const Segment &s : bucket.segments) {
+    const DType dt = dtypes_[s.tensor];
+    char *slot = buffer + s.bucket_offset * wire;
+    const char *src = static_cast<const char *>(ptrs_[s.tensor]);
+    if (failed || src == nullptr) {
+      std::memset(slot, 0, s.count * wire);
+    } else {
+      convert_scaled(slot, bucket.dtype, src + s.tensor_offset * dtype_size(dt),
+                     dt, s.count, scale_, 1);
+    }
+  }
+  char *flag = buffer + bucket.count * wire;
+  write_flag(flag, bucket.dtype, failed);
+  NNCOMM_RETURN_IF_ERROR(
+      transport_.allreduce(buffer, bucket.count + 1, bucket.dtype, poll_us_));
+  *any_failed = read_flag(flag, bucket.dtype);
+  if (*any_failed)
+    return Status::Ok();
+  for (const Segment &s : bucket.segments) {
+    const DType dt = dtypes_[s.tensor];
+    char *dst = static_cast<char *>(ptrs_[s.tensor]);
+    convert_scaled(dst + s.tensor_offset * dtype_size(dt), dt,
+                   buffer + s.bucket_offset * wire, bucket.dtype, s.count, 1.0f,
+                   divisor_);
+  }
+  return Status::Ok();
+}
+
+} // namespace nncomm
