@@ -151,8 +151,9 @@ cdef class AllReduceCallback:
                 "of them the graph reaches)")
         cdef _Engine engine = _Engine.__new__(_Engine)
         engine.group = self.group
+        planned = set(reached)
         engine.unreached = [i for i in range(len(self.data))
-                            if i not in set(reached)]
+                            if i not in planned]
         engine.dtypes = codes
         engine.engine.reset(new Engine(
             deref(self.group.transport), len(self.data),
