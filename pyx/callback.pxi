@@ -199,3 +199,34 @@ cdef class AllReduceCallback:
         CHKSTATUS(status)
         CHKSTATUS(tail_status)
         return 0
+
+
+def plan_gradient_buckets(counts, dtypes, order, pack_size, keep_dtype, wire):
+    """The bucket plan the engine would run, for inspection and tests.
+
+    Args:
+        counts (list of int): elements per tensor.
+        dtypes (list of numpy dtypes): per tensor.
+        order (list of int): tensor indices in launch order.
+        pack_size (int): elements per bucket.
+        keep_dtype (bool): one dtype per bucket, travelling in it.
+        wire (numpy dtype): the dtype buckets travel in otherwise.
+
+    Returns:
+        list of (numpy dtype, list of (tensor, tensor_offset, count,
+        bucket_offset)), in launch order.
+    """
+    cdef vector[TensorSpec] specs
+    cdef TensorSpec spec
+    for count, dt in zip(counts, dtypes):
+        spec.count = count
+        spec.dtype = <DType><int>_DTYPE_CODES[np.dtype(dt)]
+        specs.push_back(spec)
+    names = {code: dt for dt, code in _DTYPE_CODES.items()}
+    cdef vector[Bucket] plan = plan_buckets(
+        specs, list(order), pack_size, keep_dtype,
+        <DType><int>_DTYPE_CODES[np.dtype(wire)])
+    return [(names[<int>b.dtype],
+             [(s.tensor, s.tensor_offset, s.count, s.bucket_offset)
+              for s in b.segments])
+            for b in plan]

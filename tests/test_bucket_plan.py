@@ -1,0 +1,76 @@
+"""The callback's bucket plan, in one process: every element of every
+reached tensor travels exactly once, in launch order, in buckets of at most
+pack_size elements of one wire dtype."""
+import numpy as np
+import pytest
+
+from nncomm._nncomm import plan_gradient_buckets
+
+F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
+
+
+def check_plan(counts, dtypes, order, pack_size, keep_dtype, wire=F32):
+    plan = plan_gradient_buckets(counts, dtypes, order, pack_size, keep_dtype,
+                                 wire)
+    covered = {t: [] for t in order}
+    for dt, segments in plan:
+        assert segments, "no empty bucket"
+        if keep_dtype:
+            assert all(np.dtype(dtypes[t]) == dt for t, *_ in segments)
+        else:
+            assert dt == wire
+        filled = 0
+        for t, offset, count, at in segments:
+            assert count > 0
+            assert at == filled, "segments packed back to back"
+            filled += count
+            covered[t].append((offset, count))
+        assert filled <= pack_size
+    for t in order:
+        pieces = covered[t]
+        assert [o for o, _ in pieces] == list(
+            np.cumsum([0] + [c for _, c in pieces])[:-1]), \
+            f"tensor {t} split in order, without gaps or overlaps"
+        assert sum(c for _, c in pieces) == counts[t]
+    # Launch order: a tensor's first piece never comes before an earlier
+    # tensor's first piece among buckets of the same dtype.
+    first = {}
+    for k, (dt, segments) in enumerate(plan):
+        for t, *_ in segments:
+            first.setdefault(t, (k, dt))
+    for a, b in zip(order, order[1:]):
+        if counts[a] and counts[b] and first[a][1] == first[b][1]:
+            assert first[a][0] <= first[b][0]
+    return plan
+
+
+@pytest.mark.parametrize("pack_size", [1, 2, 3, 8, 1000, 10**6])
+def test_plan_covers_every_element(pack_size):
+    counts = [5, 0, 17, 1, 64, 3]
+    order = [5, 4, 3, 2, 1, 0]
+    plan = check_plan(counts, [F32] * 6, order, pack_size, False)
+    total = sum(counts)
+    assert len(plan) == -(-total // pack_size), "buckets are filled"
+
+
+def test_plan_splits_a_tensor_across_buckets():
+    plan = check_plan([10], [F32], [0], 4, False)
+    assert [segs for _, segs in plan] == [
+        [(0, 0, 4, 0)], [(0, 4, 4, 0)], [(0, 8, 2, 0)]]
+
+
+def test_plan_only_the_given_tensors():
+    plan = check_plan([3, 4, 5], [F32] * 3, [2, 0], 100, False)
+    assert {t for _, segs in plan for t, *_ in segs} == {0, 2}
+
+
+@pytest.mark.parametrize("pack_size", [1, 4, 7, 1000])
+def test_plan_keep_dtype_separates_dtypes(pack_size):
+    counts = [6, 5, 4, 3, 9]
+    dtypes = [F16, F32, F16, F64, F32]
+    check_plan(counts, dtypes, [4, 3, 2, 1, 0], pack_size, True)
+
+
+def test_plan_converts_without_keep_dtype():
+    plan = check_plan([3, 3], [F16, F64], [1, 0], 100, False, wire=F32)
+    assert len(plan) == 1 and plan[0][0] == F32
