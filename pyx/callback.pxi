@@ -5,9 +5,11 @@
 
 from nncomm.graph import analyze
 
-# Bounds on what is kept per set of gradients: analyses of distinct graphs,
-# and engines (one thread each) for distinct sets of reached gradients.
-cdef int _MAX_ANALYSES = 8
+# Bounds on what is kept per set of gradients: analyses of distinct graphs
+# (each keeps its graph alive, so few: a script that builds a new graph
+# every iteration needs only the latest), and engines (one thread each) for
+# distinct sets of reached gradients.
+cdef int _MAX_ANALYSES = 2
 cdef int _MAX_ENGINES = 4
 cdef int _MAX_STATES = 16
 
