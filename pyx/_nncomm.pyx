@@ -5,10 +5,12 @@
 from cython.operator cimport dereference as deref
 from libc.stdint cimport uint64_t
 from libcpp cimport bool as cpp_bool
+from libcpp.utility cimport move
 from mpi4py cimport MPI
 from libnncomm cimport *
 
 import operator
+import warnings
 
 from mpi4py import MPI
 

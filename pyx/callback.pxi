@@ -85,9 +85,7 @@ cdef class AllReduceCallback:
 
     def __call__(self, f):
         if self.active and f == self.root:
-            self._fail("the previous backward ended before the callback saw "
-                       "all of its functions (did it raise?); its gradients "
-                       "were not all-reduced")
+            self._abandon()
         if not self.active:
             self._begin(f)
         written = self.graph.consumers.get(f)
@@ -151,6 +149,13 @@ cdef class AllReduceCallback:
                 "the ranks of this group disagree on the gradients this "
                 "callback reduces (their number, sizes or dtypes, or which "
                 "of them the graph reaches)")
+        # The engine's own communicator: two callbacks on one group (say,
+        # chained for two halves of the model) must not interleave their
+        # collectives on a shared one.
+        cdef unique_ptr[MpiTransport] own
+        with nogil:
+            status = deref(self.group.transport).Duplicate(&own)
+        CHKSTATUS(status)
         cdef _Engine engine = _Engine.__new__(_Engine)
         engine.group = self.group
         planned = set(reached)
@@ -158,7 +163,7 @@ cdef class AllReduceCallback:
                             if i not in planned]
         engine.dtypes = codes
         engine.engine.reset(new Engine(
-            deref(self.group.transport), len(self.data),
+            move(own), len(self.data),
             plan_buckets(specs, order, self.pack_size, self.keep_dtype,
                          <DType><int>self.wire),
             engine_poll_us()))
@@ -173,6 +178,21 @@ cdef class AllReduceCallback:
                        f"planned it as {self.current.dtypes[i]}")
         cdef void* ptr = <void*><uintptr_t>x.data_ptr(dt, self.ctx)
         self.current.engine.get().mark_ready(i, ptr, <DType><int>code)
+        return 0
+
+    cdef int _abandon(self) except -1:
+        """Closes a backward that stopped part-way (an exception in a hook
+        or a function ends nnabla's backward at once): the engine sends its
+        remaining buckets flagged, as every rank's does when its next
+        backward starts, and the new backward goes on."""
+        warnings.warn("the previous backward ended before all of its "
+                      "functions ran; its gradients were not all-reduced",
+                      RuntimeWarning)
+        self.active = False
+        cdef Engine* engine = self.current.engine.get()
+        engine.fail(b"abandoned")
+        with nogil:
+            engine.finish()
         return 0
 
     cdef int _fail(self, str message) except -1:

@@ -41,6 +41,7 @@ cdef extern from "nncomm/mpi_transport.hpp" namespace "nncomm" nogil:
         @staticmethod
         Status CreateGroup(const MpiTransport& parent, const vector[int]& ranks,
                            unique_ptr[MpiTransport]* out)
+        Status Duplicate(unique_ptr[MpiTransport]* out)
         int rank()
         int size()
         int local_rank()
@@ -104,7 +105,7 @@ cdef extern from "nncomm/bucket_plan.hpp" namespace "nncomm" nogil:
 
 cdef extern from "nncomm/engine.hpp" namespace "nncomm" nogil:
     cdef cppclass Engine:
-        Engine(const MpiTransport& transport, size_t num_tensors,
+        Engine(unique_ptr[MpiTransport] transport, size_t num_tensors,
                vector[Bucket] plan, int poll_us)
         void begin(float scale, int divisor)
         void mark_ready(size_t tensor, void* ptr, DType dtype)

@@ -7,10 +7,10 @@
 
 namespace nncomm {
 
-Engine::Engine(const MpiTransport &transport, size_t num_tensors,
+Engine::Engine(std::unique_ptr<MpiTransport> transport, size_t num_tensors,
                std::vector<Bucket> plan, int poll_us)
-    : transport_(transport), plan_(std::move(plan)), poll_us_(poll_us),
-      buckets_of_(num_tensors), pending_(plan_.size()),
+    : transport_(std::move(transport)), plan_(std::move(plan)),
+      poll_us_(poll_us), buckets_of_(num_tensors), pending_(plan_.size()),
       ptrs_(num_tensors, nullptr), dtypes_(num_tensors, DType::kFloat32) {
   for (size_t b = 0; b < plan_.size(); ++b) {
     for (size_t t : plan_[b].tensors)
@@ -132,7 +132,7 @@ Status Engine::reduce_bucket(size_t b, bool failed, bool *any_failed) {
   char *flag = buffer + bucket.count * wire;
   write_flag(flag, bucket.dtype, failed);
   NNCOMM_RETURN_IF_ERROR(
-      transport_.allreduce(buffer, bucket.count + 1, bucket.dtype, poll_us_));
+      transport_->allreduce(buffer, bucket.count + 1, bucket.dtype, poll_us_));
   *any_failed = read_flag(flag, bucket.dtype);
   if (*any_failed)
     return Status::Ok();

@@ -49,6 +49,56 @@ def test_large_tensor_two_ranks():
     run_worker("large", 2, timeout=300)
 
 
+# -- all_reduce_callback (the function_post_hook reducing during backward) --
+
+@pytest.mark.parametrize("n", RANK_COUNTS)
+def test_all_reduce_callback(n):
+    run_worker("callback", n)
+
+
+@pytest.mark.parametrize("n", (1, 2, 3))
+def test_all_reduce_callback_errors(n):
+    run_worker("callback_errors", n)
+
+
+@pytest.mark.parametrize("n", (2, 4))
+def test_all_reduce_callback_training_equals_single_process(n):
+    run_worker("callback_training", n)
+
+
+# The callback's buckets cut into 4 KiB MPI pieces, and its engine thread
+# spinning on MPI_Test instead of sleeping between tests (only at 2 ranks:
+# three spinning ranks on two cores take a minute).
+CALLBACK_TUNED = {
+    "chunk4k": {"NNCOMM_CHUNK_BYTES": "4096"},
+    "poll0": {"NNCOMM_ENGINE_POLL_US": "0"},
+}
+
+
+@pytest.mark.parametrize("tuning,n", [("chunk4k", 2), ("chunk4k", 3),
+                                      ("poll0", 2)])
+def test_all_reduce_callback_tuned(tuning, n):
+    out = run_worker("callback", n, env=CALLBACK_TUNED[tuning])
+    for key, value in CALLBACK_TUNED[tuning].items():
+        assert f"{key}={value}" in out
+
+
+def test_all_reduce_callback_long_run_keeps_memory_and_threads_flat():
+    out = run_worker("callback_long_run", 2, timeout=300)
+    for mode in ("once", "new", "rebuilt"):
+        assert f"{mode}: rss" in out
+
+
+@pytest.mark.parametrize("n", (2, 3))
+def test_two_callbacks_on_one_group_in_one_backward(n):
+    run_worker("callback_one_group_twice", n, timeout=60)
+
+
+@pytest.mark.parametrize("n", (2, 3))
+def test_callback_usable_after_a_backward_that_raised(n):
+    run_worker("callback_after_failure", n, timeout=120)
+
+
 # -- the launcher itself ----------------------------------------------------
 
 def test_launcher_passes_a_good_job():

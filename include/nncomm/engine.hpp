@@ -17,6 +17,7 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -31,9 +32,11 @@ namespace nncomm {
 
 class Engine {
 public:
-  // Starts the thread. `transport` must outlive the engine; `plan` covers
+  // Starts the thread, which communicates on `transport` alone (give each
+  // engine its own communicator: two engines on one would interleave their
+  // collectives differently on different ranks). `plan` covers
   // `num_tensors` tensors by index.
-  Engine(const MpiTransport &transport, size_t num_tensors,
+  Engine(std::unique_ptr<MpiTransport> transport, size_t num_tensors,
          std::vector<Bucket> plan, int poll_us);
   ~Engine();
   Engine(const Engine &) = delete;
@@ -58,7 +61,7 @@ private:
   // Pack, all-reduce and unpack bucket `b`; `failed` sends it flagged.
   Status reduce_bucket(size_t b, bool failed, bool *any_failed);
 
-  const MpiTransport &transport_;
+  const std::unique_ptr<MpiTransport> transport_;
   const std::vector<Bucket> plan_;
   const int poll_us_;
   std::vector<std::vector<size_t>> buckets_of_; // tensor -> its buckets

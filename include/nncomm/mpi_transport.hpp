@@ -28,6 +28,12 @@ public:
   static Status CreateGroup(const MpiTransport &parent,
                             const std::vector<int> &ranks,
                             std::unique_ptr<MpiTransport> *out);
+  // A transport over a new duplicate of this one's communicator, for a
+  // thread that must not interleave its collectives with others' on this
+  // one. Collective over this transport's ranks.
+  Status Duplicate(std::unique_ptr<MpiTransport> *out) const {
+    return Create(comm_, out);
+  }
   ~MpiTransport();
   MpiTransport(const MpiTransport &) = delete;
   MpiTransport &operator=(const MpiTransport &) = delete;

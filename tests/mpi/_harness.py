@@ -265,7 +265,8 @@ def start(worker):
 def env_note():
     """The tunables in effect, for the report line."""
     return " ".join(f"{k}={os.environ[k]}" for k in
-                    ("NNCOMM_DIRECT_BYTES", "NNCOMM_CHUNK_BYTES")
+                    ("NNCOMM_DIRECT_BYTES", "NNCOMM_CHUNK_BYTES",
+                     "NNCOMM_ENGINE_POLL_US")
                     if k in os.environ)
 
 
@@ -273,3 +274,80 @@ def big_count(dtype):
     """An odd element count just over 1 MiB: above the default direct
     threshold, so the array is reduced where it lies."""
     return (1 << 20) // np.dtype(dtype).itemsize + 3
+
+
+# -- all_reduce_callback workers ---------------------------------------------
+
+def world_gather(arrays):
+    """Every rank's copies of `arrays` (NdArrays or numpy), indexed by world
+    rank. Goes through mpi4py's pickling allgather, so references built from
+    it do not depend on nncomm."""
+    return MPI.COMM_WORLD.allgather(
+        [np.array(a.data if isinstance(a, nn.NdArray) else a) for a in arrays])
+
+
+def scaled_reference(contribs, scale=1.0, division=False,
+                     reduce_dtype=np.float32, out_dtype=None):
+    """The float64 sum (mean with `division`) of `contribs` times `scale`,
+    and a per-element bound on how far a result reduced in `reduce_dtype`
+    and stored in `out_dtype` may be from it.
+
+    Each scaling, each of the n-1 additions and a division round by at most
+    eps/2 of a value bounded by S = sum_r |x_r * scale| (or S/n), so
+    (n + 2) * eps(reduce_dtype) * S covers them with room; storing the
+    result in `out_dtype` (float16 gradients reduced in float32 and
+    converted back) adds eps(out_dtype) * |result|; the subnormal terms
+    cover results near zero, where float16's spacing is absolute.
+    """
+    reduce_dtype = np.dtype(reduce_dtype)
+    out_dtype = np.dtype(out_dtype if out_dtype is not None else reduce_dtype)
+    n = len(contribs)
+    stacked = np.stack([np.asarray(c, np.float64) * scale for c in contribs])
+    total = stacked.sum(axis=0)
+    bound = np.abs(stacked).sum(axis=0)
+    if division:
+        total = total / n
+        bound = bound / n
+    r_info, o_info = np.finfo(reduce_dtype), np.finfo(out_dtype)
+    tol = ((n + 2) * float(r_info.eps) * bound
+           + float(o_info.eps) * np.abs(total)
+           + (n + 2) * float(r_info.smallest_subnormal)
+           + float(o_info.smallest_subnormal))
+    return total, tol
+
+
+def set_grad(x, values):
+    """Writes `values` into the NdArray `x` (a gradient) in their dtype."""
+    x.cast(np.asarray(values).dtype)[...] = values
+
+
+def zeroing_over_stale(x, stale):
+    """Makes `x` a zeroing array whose memory holds `stale`, so that a
+    reduction reading the memory instead of zeros would show."""
+    set_grad(x, stale)
+    x.zero()
+
+
+def proc_status():
+    """(VmRSS in KiB, thread count) of this process from /proc/self/status."""
+    rss = threads = None
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+            elif line.startswith("Threads:"):
+                threads = int(line.split()[1])
+    return rss, threads
+
+
+def exception_chain(e):
+    """`e` and its __cause__/__context__ chain as one line (nnabla wraps an
+    exception raised in a hook in SystemErrors; the cause is innermost)."""
+    parts, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = f"{type(e).__name__}: {e}"
+        if text not in parts:
+            parts.append(text)
+        e = e.__cause__ or e.__context__
+    return " <- ".join(parts)

@@ -1,0 +1,190 @@
+"""Bad arguments to all_reduce_callback raise a clear Python exception on
+every rank that passed them, change nothing, and leave the communicator
+working; ranks whose backward graphs differ (need_grad disagreeing, where
+nnabla's callback hangs) all raise instead of waiting.
+
+After every error a correct world all_reduce and a correct callback-driven
+backward run: had any rank entered a collective for the bad call, they
+would be matched against the wrong call, and the job would hang (killed by
+the test's timeout) or abort.
+"""
+import numpy as np
+
+import nnabla as nn
+import nnabla.functions as F
+import nnabla.parametric_functions as PF
+
+import nncomm
+import nncomm.communicators as C
+
+from _harness import (Checker, contribution, exception_chain, make_comm, nd,
+                      reference, scaled_reference, standard_groups,
+                      world_gather)
+
+
+class Errors:
+    def __init__(self, ck, comm, ctx):
+        self.ck, self.comm, self.ctx = ck, comm, ctx
+        self.step = 0
+        np.random.seed(3)
+        with nn.parameter_scope("errors"):
+            self.x = nn.Variable((2, 5))
+            y = PF.affine(F.tanh(PF.affine(self.x, 4, name="a")), 3,
+                          name="b")
+            self.loss = F.sum(y * y)
+            self.params = list(nn.get_parameters().values())
+
+    def grads(self):
+        return [p.grad for p in self.params]
+
+    def healthy(self, what):
+        """A correct world all_reduce and a correct callback right after
+        the error."""
+        self.step += 1
+        key = f"healthy/{self.step}"
+        comm, world = self.comm, list(range(self.comm.size))
+        x = nd(contribution(key, comm.rank, (5,), np.int32))
+        comm.all_reduce(x)
+        ref, _ = reference([contribution(key, r, (5,), np.int32)
+                            for r in world], np.int32)
+        self.ck.array(x, ref, f"all_reduce right after: {what}", np.int32)
+
+        self.x.d = contribution(key + "/x", comm.rank, self.x.shape,
+                                np.float32, "rand")
+        self.loss.forward()
+        for p in self.params:
+            p.grad.zero()
+        self.loss.backward()
+        gathered = world_gather(self.grads())
+        cb = comm.all_reduce_callback(self.grads(), 7, division=True)
+        self.loss.forward()
+        for p in self.params:
+            p.grad.zero()
+        self.loss.backward(function_post_hook=cb)
+        for i, p in enumerate(self.params):
+            ref, tol = scaled_reference([gathered[r][i] for r in world],
+                                        1, True)
+            self.ck.array(p.grad, ref, f"callback right after: {what} [{i}]",
+                          np.float32, tol)
+
+    def expect(self, exc, text, what, fn, *args, untouched=(), **kwargs):
+        """`fn` raises `exc` mentioning `text`; the NdArrays in `untouched`
+        keep their dtype and values; then the communicator still works."""
+        before = [(x, x.dtype, np.array(x.data)) for x in untouched]
+        self.ck.raises(exc, text, what, fn, *args, **kwargs)
+        for i, (x, dt, values) in enumerate(before):
+            self.ck.array(x, values, f"{what}: argument array {i} unchanged",
+                          dt)
+        self.healthy(what)
+
+
+def bad_data(e):
+    comm, grads = e.comm, e.grads()
+    cb = comm.all_reduce_callback
+    for what, data, text in [
+            ("an int", 5, "data"),
+            ("a str", "grads", "data"),
+            ("None", None, "data"),
+            ("a numpy array in the list", [grads[0], np.zeros(3, np.float32)],
+             "ndarray"),
+            ("a Variable in the list", [grads[0], e.params[1]], "variable"),
+            ("None in the list", [grads[0], None], "nonetype"),
+            ("a nested list", [grads[:1], grads[1:]], "list")]:
+        e.expect(TypeError, text, f"all_reduce_callback with data {what}",
+                 cb, data, 8, untouched=grads)
+    # One gradient twice would be reduced twice.
+    e.expect(ValueError, "same array", "all_reduce_callback with one "
+             "gradient twice (two wrappers of p.grad)", cb,
+             [grads[0], grads[1], e.params[0].grad], 8, untouched=grads)
+    # Not a floating-point gradient.
+    ints = nd(np.arange(3, dtype=np.int32))
+    ints.cast(np.uint8)
+    e.expect(TypeError, "uint8", "all_reduce_callback with a uint8 array",
+             cb, [grads[0], ints], 8, untouched=grads)
+
+
+def bad_pack_size(e):
+    comm, grads = e.comm, e.grads()
+    for pack in (0, -1, -(2 << 20)):
+        e.expect(ValueError, "pack_size", f"all_reduce_callback with "
+                 f"pack_size={pack}", comm.all_reduce_callback, grads, pack,
+                 untouched=grads)
+    e.expect(TypeError, "", "all_reduce_callback with pack_size='8'",
+             comm.all_reduce_callback, grads, "8", untouched=grads)
+
+
+def bad_group(e, groups):
+    comm, grads = e.comm, e.grads()
+    e.expect(ValueError, "nosuchgroup", "all_reduce_callback on an unknown "
+             "group", comm.all_reduce_callback, grads, 8, group="nosuchgroup",
+             untouched=grads)
+    for name, ranks in groups.items():
+        if comm.rank not in ranks:
+            e.ck.raises(ValueError, "not included", f"all_reduce_callback on "
+                        f"group {name}{ranks} from non-member rank "
+                        f"{comm.rank}", comm.all_reduce_callback, grads, 8,
+                        group=name)
+    # Members made no call, so the check is done alone; then all ranks
+    # meet again.
+    e.healthy("non-member calls")
+
+
+def need_grad_disagrees(e):
+    """Rank 0 uses W through a need_grad=False Variable, the others train
+    it: the ranks' backward graphs differ (nnabla's callback hangs here).
+    Every rank's backward must raise, mentioning why, and then the
+    communicator works."""
+    comm, ck = e.comm, e.ck
+    with nn.parameter_scope("disagree"):
+        W = nn.parameter.get_parameter_or_create(
+            "W", (5, 4), np.full((5, 4), 0.1, np.float32))
+        V = nn.parameter.get_parameter_or_create(
+            "V", (4, 2), np.full((4, 2), 0.1, np.float32))
+    used = W.get_unlinked_variable(need_grad=False) if comm.rank == 0 else W
+    loss = F.sum(F.affine(F.tanh(F.affine(e.x, used)), V))
+    e.x.d = contribution("disagree", comm.rank, e.x.shape, np.float32, "rand")
+    loss.forward()
+    W.grad.zero()
+    V.grad.zero()
+    cb = comm.all_reduce_callback([W.grad, V.grad], 4)
+    ck.count += 1
+    try:
+        loss.backward(function_post_hook=cb)
+        ck.fail("backward with need_grad differing between ranks",
+                "did not raise")
+    except Exception as exc:
+        chain = exception_chain(exc)
+        if "rank" not in chain.lower():
+            ck.fail("backward with need_grad differing between ranks",
+                    f"the exception does not say ranks differ: {chain}")
+    e.healthy("backward with need_grad differing between ranks")
+
+
+def before_init(e):
+    comm = C.MultiProcessDataParallelCommunicator(e.ctx)
+    e.expect(RuntimeError, "init", "all_reduce_callback before init()",
+             comm.all_reduce_callback, e.grads(), 8, untouched=e.grads())
+
+
+def chain_hooks_errors(e):
+    e.ck.raises(TypeError, "callable", "chain_hooks of a non-callable",
+                nncomm.chain_hooks, print, 5)
+
+
+def main():
+    ck = Checker("callback_errors")
+    comm, ctx = make_comm()
+    groups = standard_groups(comm, ck)
+    e = Errors(ck, comm, ctx)
+    e.healthy("nothing: the first backward")
+    bad_data(e)
+    bad_pack_size(e)
+    bad_group(e, groups)
+    if comm.size > 1:
+        need_grad_disagrees(e)
+    before_init(e)
+    chain_hooks_errors(e)
+    ck.finish()
+
+
+main()
