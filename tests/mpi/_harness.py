@@ -351,3 +351,34 @@ def exception_chain(e):
             parts.append(text)
         e = e.__cause__ or e.__context__
     return " <- ".join(parts)
+
+
+class ErrorChecks:
+    """Base of the error workers. `expect` checks one bad call; afterwards
+    the worker's own `healthy(what)` runs a correct collective, which would
+    hang or abort had any rank entered a collective for the bad call."""
+
+    def expect(self, exc, text, what, fn, *args, untouched=(), **kwargs):
+        """`fn` raises `exc` mentioning `text`; the NdArrays in `untouched`
+        keep their dtype and values; then the communicator still works."""
+        before = [(x, x.dtype, np.array(x.data)) for x in untouched]
+        self.ck.raises(exc, text, what, fn, *args, **kwargs)
+        for i, (x, dt, values) in enumerate(before):
+            self.ck.array(x, values, f"{what}: argument array {i} unchanged",
+                          dt)
+        self.healthy(what)
+
+
+def three_layer_mlp(seed):
+    """A 6-9-8-2 tanh MLP with a squared-error loss, parameters seeded:
+    returns (x, t, loss, names, variables)."""
+    import nnabla.functions as F
+    import nnabla.parametric_functions as PF
+    np.random.seed(seed)
+    x, t = nn.Variable((3, 6)), nn.Variable((3, 2))
+    h = F.tanh(PF.affine(x, 9, name="a"))
+    h = F.tanh(PF.affine(h, 8, name="b"))
+    loss = F.mean(F.squared_error(PF.affine(h, 2, name="c"), t))
+    params = nn.get_parameters()
+    return x, t, loss, list(params), list(params.values())
+

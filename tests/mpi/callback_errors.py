@@ -17,12 +17,12 @@ import nnabla.parametric_functions as PF
 import nncomm
 import nncomm.communicators as C
 
-from _harness import (Checker, contribution, exception_chain, make_comm, nd,
+from _harness import (ErrorChecks, Checker, contribution, exception_chain, make_comm, nd,
                       reference, scaled_reference, standard_groups,
                       world_gather)
 
 
-class Errors:
+class Errors(ErrorChecks):
     def __init__(self, ck, comm, ctx):
         self.ck, self.comm, self.ctx = ck, comm, ctx
         self.step = 0
@@ -67,15 +67,6 @@ class Errors:
             self.ck.array(p.grad, ref, f"callback right after: {what} [{i}]",
                           np.float32, tol)
 
-    def expect(self, exc, text, what, fn, *args, untouched=(), **kwargs):
-        """`fn` raises `exc` mentioning `text`; the NdArrays in `untouched`
-        keep their dtype and values; then the communicator still works."""
-        before = [(x, x.dtype, np.array(x.data)) for x in untouched]
-        self.ck.raises(exc, text, what, fn, *args, **kwargs)
-        for i, (x, dt, values) in enumerate(before):
-            self.ck.array(x, values, f"{what}: argument array {i} unchanged",
-                          dt)
-        self.healthy(what)
 
 
 def bad_data(e):

@@ -11,27 +11,18 @@ keeps the ranks in step).
 """
 import numpy as np
 
-import nnabla as nn
-import nnabla.functions as F
-import nnabla.parametric_functions as PF
 
 import nncomm
 
 from _harness import (Checker, contribution, exception_chain, make_comm,
-                      scaled_reference, world_gather)
+                      scaled_reference, three_layer_mlp, world_gather)
 
 
 def main():
     ck = Checker("callback_one_group_twice")
     comm, _ = make_comm()
     rank, world = comm.rank, list(range(comm.size))
-    np.random.seed(5)
-    x, t = nn.Variable((3, 6)), nn.Variable((3, 2))
-    h = F.tanh(PF.affine(x, 9, name="a"))
-    h = F.tanh(PF.affine(h, 8, name="b"))
-    loss = F.mean(F.squared_error(PF.affine(h, 2, name="c"), t))
-    params = nn.get_parameters()
-    names, variables = list(params), list(params.values())
+    x, t, loss, names, variables = three_layer_mlp(5)
 
     def backward(hook=None):
         loss.forward()
