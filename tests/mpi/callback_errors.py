@@ -17,9 +17,9 @@ import nnabla.parametric_functions as PF
 import nncomm
 import nncomm.communicators as C
 
-from _harness import (ErrorChecks, Checker, contribution, exception_chain, make_comm, nd,
-                      reference, scaled_reference, standard_groups,
-                      world_gather)
+from _harness import (Checker, ErrorChecks, contribution, exception_chain,
+                      make_comm, nd, reference, scaled_reference,
+                      standard_groups, world_gather)
 
 
 class Errors(ErrorChecks):

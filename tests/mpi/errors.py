@@ -11,7 +11,8 @@ import nnabla as nn
 
 import nncomm.communicators as C
 
-from _harness import ErrorChecks, Checker, contribution, make_comm, nd, reference
+from _harness import (Checker, ErrorChecks, contribution, make_comm, nd,
+                      reference)
 
 
 class Errors(ErrorChecks):
