@@ -20,6 +20,10 @@ cdef dict _WIRE_DTYPES = {
 }
 
 
+cdef dict _WIRE_ITEMSIZE = {code: dt.itemsize
+                            for dt, code in _DTYPE_CODES.items()}
+
+
 cdef object wire_dtype_of(ctx):
     """The dtype a context's type_config reduces in: 'cpu:half' -> float16."""
     backend = str(ctx.backend[0]) if ctx.backend else "cpu:float"
@@ -165,7 +169,8 @@ cdef class AllReduceCallback:
         engine.engine.reset(new Engine(
             move(own), len(self.data),
             plan_buckets(specs, order, self.pack_size, self.keep_dtype,
-                         <DType><int>self.wire),
+                         <DType><int>self.wire,
+                         direct_bytes() // _WIRE_ITEMSIZE[self.wire]),
             engine_poll_us()))
         return engine
 
@@ -223,7 +228,8 @@ cdef class AllReduceCallback:
         return 0
 
 
-def plan_gradient_buckets(counts, dtypes, order, pack_size, keep_dtype, wire):
+def plan_gradient_buckets(counts, dtypes, order, pack_size, keep_dtype, wire,
+                          direct_count):
     """The bucket plan the engine would run, for inspection and tests.
 
     Args:
@@ -233,9 +239,11 @@ def plan_gradient_buckets(counts, dtypes, order, pack_size, keep_dtype, wire):
         pack_size (int): elements per bucket.
         keep_dtype (bool): one dtype per bucket, travelling in it.
         wire (numpy dtype): the dtype buckets travel in otherwise.
+        direct_count (int): tensors of this many elements or more, in the
+            wire dtype, get direct buckets of their own.
 
     Returns:
-        list of (numpy dtype, list of (tensor, tensor_offset, count,
+        list of (numpy dtype, direct, list of (tensor, tensor_offset, count,
         bucket_offset)), in launch order.
     """
     cdef vector[TensorSpec] specs
@@ -247,8 +255,8 @@ def plan_gradient_buckets(counts, dtypes, order, pack_size, keep_dtype, wire):
     names = {code: dt for dt, code in _DTYPE_CODES.items()}
     cdef vector[Bucket] plan = plan_buckets(
         specs, list(order), pack_size, keep_dtype,
-        <DType><int>_DTYPE_CODES[np.dtype(wire)])
-    return [(names[<int>b.dtype],
+        <DType><int>_DTYPE_CODES[np.dtype(wire)], direct_count)
+    return [(names[<int>b.dtype], b.direct,
              [(s.tensor, s.tensor_offset, s.count, s.bucket_offset)
               for s in b.segments])
             for b in plan]

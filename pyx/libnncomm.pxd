@@ -95,12 +95,14 @@ cdef extern from "nncomm/bucket_plan.hpp" namespace "nncomm" nogil:
     cdef cppclass Bucket:
         DType dtype
         size_t count
+        bool direct
         vector[Segment] segments
         vector[size_t] tensors
 
     vector[Bucket] plan_buckets(const vector[TensorSpec]& tensors,
                                 const vector[size_t]& order, size_t pack_size,
-                                bool keep_dtype, DType wire)
+                                bool keep_dtype, DType wire,
+                                size_t direct_count)
 
 
 cdef extern from "nncomm/engine.hpp" namespace "nncomm" nogil:
@@ -116,3 +118,4 @@ cdef extern from "nncomm/engine.hpp" namespace "nncomm" nogil:
 
 cdef extern from "nncomm/config.hpp" namespace "nncomm::config" nogil:
     int engine_poll_us()
+    size_t direct_bytes()

@@ -6,8 +6,8 @@ namespace nncomm {
 
 std::vector<Bucket> plan_buckets(const std::vector<TensorSpec> &tensors,
                                  const std::vector<size_t> &order,
-                                 size_t pack_size, bool keep_dtype,
-                                 DType wire) {
+                                 size_t pack_size, bool keep_dtype, DType wire,
+                                 size_t direct_count) {
   std::vector<Bucket> plan;
   // The bucket being filled for each wire dtype, in order of first use.
   std::vector<Bucket> open;
@@ -23,6 +23,18 @@ std::vector<Bucket> plan_buckets(const std::vector<TensorSpec> &tensors,
   for (size_t t : order) {
     const TensorSpec &spec = tensors[t];
     const DType dt = keep_dtype ? spec.dtype : wire;
+    if (spec.count >= direct_count && spec.dtype == dt) {
+      for (size_t done = 0; done < spec.count; done += pack_size) {
+        Bucket b;
+        b.dtype = dt;
+        b.direct = true;
+        b.count = std::min(pack_size, spec.count - done);
+        b.segments.push_back({t, done, b.count, 0});
+        b.tensors.push_back(t);
+        plan.push_back(std::move(b));
+      }
+      continue;
+    }
     size_t done = 0;
     while (done < spec.count) {
       Bucket &b = open_bucket(dt);

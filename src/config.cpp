@@ -31,7 +31,8 @@ bool check_calls() {
 int engine_poll_us() {
   static const int value = [] {
     const char *v = std::getenv("NNCOMM_ENGINE_POLL_US");
-    if (v == nullptr || *v == '\0') return 50;
+    if (v == nullptr || *v == '\0')
+      return 50;
     return std::max(0, std::atoi(v));
   }();
   return value;

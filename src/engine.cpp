@@ -1,6 +1,7 @@
 #include "nncomm/engine.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "nncomm/host_ops.hpp"
@@ -90,34 +91,80 @@ Status Engine::finish() {
 void Engine::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    changed_.wait(
-        lock, [this] { return stop_ || (active_ && pending_[next_] == 0); });
+    changed_.wait(lock, [this] {
+      return stop_ ||
+             (active_ && (next_ == plan_.size() || pending_[next_] == 0));
+    });
     if (stop_)
       return;
-    const size_t b = next_;
     const bool failed = failed_here_;
-    lock.unlock();
-    bool any_failed = false;
-    Status status = reduce_bucket(b, failed, &any_failed);
-    lock.lock();
-    failed_elsewhere_ = failed_elsewhere_ || any_failed;
-    if (!status.ok() && error_.ok())
-      error_ = status;
-    // After an MPI error the ranks no longer agree on what comes next, so
-    // no further bucket is launched.
-    next_ = status.ok() ? next_ + 1 : plan_.size();
     if (next_ == plan_.size()) {
+      lock.unlock();
+      bool any_failed = false;
+      Status status = agree_on_failure(failed, &any_failed);
+      lock.lock();
+      failed_elsewhere_ = any_failed;
+      if (!status.ok() && error_.ok())
+        error_ = status;
+      active_ = false;
+      changed_.notify_all();
+      continue;
+    }
+    const size_t b = next_;
+    lock.unlock();
+    Status status = reduce_bucket(b, failed);
+    lock.lock();
+    if (status.ok()) {
+      ++next_;
+    } else {
+      // After an MPI error the ranks no longer agree on what comes next,
+      // so nothing more is sent.
+      if (error_.ok())
+        error_ = status;
       active_ = false;
       changed_.notify_all();
     }
   }
 }
 
-Status Engine::reduce_bucket(size_t b, bool failed, bool *any_failed) {
+Status Engine::agree_on_failure(bool failed, bool *any_failed) {
+  int32_t flag = failed ? 1 : 0;
+  NNCOMM_RETURN_IF_ERROR(
+      transport_->allreduce(&flag, 1, DType::kInt32, poll_us_));
+  *any_failed = flag > 0;
+  return Status::Ok();
+}
+
+Status Engine::reduce_direct(const Bucket &bucket, bool failed) {
+  const Segment &s = bucket.segments[0];
+  char *ptr = static_cast<char *>(ptrs_[s.tensor]);
+  if (failed || ptr == nullptr) {
+    // This rank's zeros keep the others' calls matched.
+    char *zeros = nullptr;
+    const size_t bytes = s.count * dtype_size(bucket.dtype);
+    NNCOMM_RETURN_IF_ERROR(staging_.reserve(bytes, &zeros));
+    std::memset(zeros, 0, bytes);
+    return transport_->allreduce(zeros, s.count, bucket.dtype, poll_us_);
+  }
+  char *piece = ptr + s.tensor_offset * dtype_size(bucket.dtype);
+  if (scale_ != 1.0f) {
+    convert_scaled(piece, bucket.dtype, piece, bucket.dtype, s.count, scale_,
+                   1);
+  }
+  NNCOMM_RETURN_IF_ERROR(
+      transport_->allreduce(piece, s.count, bucket.dtype, poll_us_));
+  convert_scaled(piece, bucket.dtype, piece, bucket.dtype, s.count, 1.0f,
+                 divisor_);
+  return Status::Ok();
+}
+
+Status Engine::reduce_bucket(size_t b, bool failed) {
   const Bucket &bucket = plan_[b];
+  if (bucket.direct)
+    return reduce_direct(bucket, failed);
   const size_t wire = dtype_size(bucket.dtype);
   char *buffer = nullptr;
-  NNCOMM_RETURN_IF_ERROR(staging_.reserve((bucket.count + 1) * wire, &buffer));
+  NNCOMM_RETURN_IF_ERROR(staging_.reserve(bucket.count * wire, &buffer));
   for (const Segment &s : bucket.segments) {
     const DType dt = dtypes_[s.tensor];
     char *slot = buffer + s.bucket_offset * wire;
@@ -129,12 +176,9 @@ Status Engine::reduce_bucket(size_t b, bool failed, bool *any_failed) {
                      dt, s.count, scale_, 1);
     }
   }
-  char *flag = buffer + bucket.count * wire;
-  write_flag(flag, bucket.dtype, failed);
   NNCOMM_RETURN_IF_ERROR(
-      transport_->allreduce(buffer, bucket.count + 1, bucket.dtype, poll_us_));
-  *any_failed = read_flag(flag, bucket.dtype);
-  if (*any_failed)
+      transport_->allreduce(buffer, bucket.count, bucket.dtype, poll_us_));
+  if (failed)
     return Status::Ok();
   for (const Segment &s : bucket.segments) {
     const DType dt = dtypes_[s.tensor];

@@ -9,12 +9,20 @@ from nncomm._nncomm import plan_gradient_buckets
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 
 
-def check_plan(counts, dtypes, order, pack_size, keep_dtype, wire=F32):
+NEVER = 2**62  # direct_count that makes no tensor direct
+
+
+def check_plan(counts, dtypes, order, pack_size, keep_dtype, wire=F32,
+               direct_count=NEVER):
     plan = plan_gradient_buckets(counts, dtypes, order, pack_size, keep_dtype,
-                                 wire)
+                                 wire, direct_count)
     covered = {t: [] for t in order}
-    for dt, segments in plan:
+    for dt, direct, segments in plan:
         assert segments, "no empty bucket"
+        if direct:
+            assert len(segments) == 1, "a direct bucket is one piece"
+            t = segments[0][0]
+            assert counts[t] >= direct_count and np.dtype(dtypes[t]) == dt
         if keep_dtype:
             assert all(np.dtype(dtypes[t]) == dt for t, *_ in segments)
         else:
@@ -32,14 +40,16 @@ def check_plan(counts, dtypes, order, pack_size, keep_dtype, wire=F32):
             np.cumsum([0] + [c for _, c in pieces])[:-1]), \
             f"tensor {t} split in order, without gaps or overlaps"
         assert sum(c for _, c in pieces) == counts[t]
-    # Launch order: a tensor's first piece never comes before an earlier
-    # tensor's first piece among buckets of the same dtype.
+    # Launch order: among packed buckets of one dtype, a tensor's first
+    # piece never comes before an earlier tensor's (direct buckets go out
+    # when their tensor's turn comes, while the open bucket keeps filling).
     first = {}
-    for k, (dt, segments) in enumerate(plan):
+    for k, (dt, direct, segments) in enumerate(plan):
         for t, *_ in segments:
-            first.setdefault(t, (k, dt))
+            first.setdefault(t, (k, dt, direct))
     for a, b in zip(order, order[1:]):
-        if counts[a] and counts[b] and first[a][1] == first[b][1]:
+        if counts[a] and counts[b] and first[a][1:] == first[b][1:] \
+                and not first[a][2]:
             assert first[a][0] <= first[b][0]
     return plan
 
@@ -55,13 +65,13 @@ def test_plan_covers_every_element(pack_size):
 
 def test_plan_splits_a_tensor_across_buckets():
     plan = check_plan([10], [F32], [0], 4, False)
-    assert [segs for _, segs in plan] == [
+    assert [segs for _, _, segs in plan] == [
         [(0, 0, 4, 0)], [(0, 4, 4, 0)], [(0, 8, 2, 0)]]
 
 
 def test_plan_only_the_given_tensors():
     plan = check_plan([3, 4, 5], [F32] * 3, [2, 0], 100, False)
-    assert {t for _, segs in plan for t, *_ in segs} == {0, 2}
+    assert {t for _, _, segs in plan for t, *_ in segs} == {0, 2}
 
 
 @pytest.mark.parametrize("pack_size", [1, 4, 7, 1000])
@@ -74,3 +84,16 @@ def test_plan_keep_dtype_separates_dtypes(pack_size):
 def test_plan_converts_without_keep_dtype():
     plan = check_plan([3, 3], [F16, F64], [1, 0], 100, False, wire=F32)
     assert len(plan) == 1 and plan[0][0] == F32
+
+
+@pytest.mark.parametrize("pack_size", [3, 8, 1000])
+def test_plan_large_tensors_go_direct(pack_size):
+    counts = [5, 40, 2, 64, 7]
+    dtypes = [F32, F32, F32, F16, F32]
+    plan = check_plan(counts, dtypes, [4, 3, 2, 1, 0], pack_size, False,
+                      direct_count=30)
+    direct = {segs[0][0] for _, d, segs in plan if d}
+    # 40 float32 elements go direct; 64 float16 ones need conversion.
+    assert direct == {1}
+    packed = {t for _, d, segs in plan if not d for t, *_ in segs}
+    assert packed == {0, 2, 3, 4}

@@ -28,6 +28,9 @@ struct Segment {
 struct Bucket {
   DType dtype; // the dtype on the wire
   size_t count = 0;
+  // One piece of one tensor, already in the wire dtype: reduced where it
+  // lies, without the copies into and out of a staging buffer.
+  bool direct = false;
   std::vector<Segment> segments;
   std::vector<size_t> tensors; // distinct tensors with a segment here
 };
@@ -36,9 +39,13 @@ struct Bucket {
 // `order`, splitting a tensor across buckets where it does not fit.
 // With `keep_dtype`, a bucket holds one dtype and travels in it (a bucket
 // per dtype is open at a time); otherwise every bucket travels in `wire`.
-// Empty tensors get no segment. Buckets are listed in launch order.
+// A tensor of at least `direct_count` elements that needs no conversion
+// gets direct buckets of its own, up to `pack_size` each, placed when its
+// turn comes while the open buckets keep filling. Empty tensors get no
+// segment. Buckets are listed in launch order.
 std::vector<Bucket> plan_buckets(const std::vector<TensorSpec> &tensors,
                                  const std::vector<size_t> &order,
-                                 size_t pack_size, bool keep_dtype, DType wire);
+                                 size_t pack_size, bool keep_dtype, DType wire,
+                                 size_t direct_count);
 
 } // namespace nncomm

@@ -9,10 +9,13 @@
 // the bucket's dtype), all-reduces it, and unpacks the sum (divided by
 // `divisor`) back into the gradients.
 //
+// Direct buckets (one piece of one tensor, see bucket_plan.hpp) are scaled,
+// reduced and divided where they lie.
+//
 // A rank that fails locally mid-iteration (fail()) still sends every
-// remaining bucket, zero-filled and flagged: each bucket carries one extra
-// element that is 1 on a failed rank, so after the sum every rank knows
-// whether some rank failed and none is left waiting for a bucket.
+// remaining bucket, zero-filled, so that no rank is left waiting; after the
+// last bucket the ranks sum one flag, so every rank learns whether some rank
+// failed.
 #pragma once
 
 #include <condition_variable>
@@ -58,8 +61,11 @@ public:
 
 private:
   void run();
-  // Pack, all-reduce and unpack bucket `b`; `failed` sends it flagged.
-  Status reduce_bucket(size_t b, bool failed, bool *any_failed);
+  // Pack, all-reduce and unpack bucket `b`; `failed` sends zeros instead.
+  Status reduce_bucket(size_t b, bool failed);
+  Status reduce_direct(const Bucket &bucket, bool failed);
+  // The flag round after the last bucket: did any rank fail?
+  Status agree_on_failure(bool failed, bool *any_failed);
 
   const std::unique_ptr<MpiTransport> transport_;
   const std::vector<Bucket> plan_;
@@ -72,7 +78,7 @@ private:
   std::vector<size_t> pending_; // bucket -> tensors not ready yet
   std::vector<void *> ptrs_;    // tensor -> its memory this iteration
   std::vector<DType> dtypes_;   // tensor -> its dtype this iteration
-  size_t next_ = 0;             // next bucket to launch
+  size_t next_ = 0;             // next bucket; plan size: the flag round
   bool active_ = false;         // an iteration is under way
   bool stop_ = false;
   bool failed_here_ = false;
