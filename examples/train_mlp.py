@@ -9,7 +9,8 @@ is ``import nncomm.communicators as C`` (nnabla's would be
 ``import nnabla.communicators as C``, which has no CPU implementation). Each
 rank trains on its own shard of a synthetic two-spirals dataset; gradients
 are averaged with ``all_reduce`` after every backward pass, so every rank
-holds the same parameters throughout.
+holds the same parameters throughout. With ``--overlap`` they are averaged
+during backward instead, by ``all_reduce_callback``.
 """
 import argparse
 
@@ -47,6 +48,8 @@ def main():
                         help="per rank")
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--overlap", action="store_true",
+                        help="reduce during backward (all_reduce_callback)")
     args = parser.parse_args()
 
     ctx = get_extension_context("cpu")
@@ -68,6 +71,7 @@ def main():
     params = nn.get_parameters()
     comm.bcast([p.data for p in params.values()], src=0)
 
+    grads = [p.grad for p in params.values()]
     solver = S.Momentum(args.lr, 0.9)
     solver.set_parameters(params)
     rng = np.random.RandomState(comm.rank)
@@ -80,8 +84,12 @@ def main():
             x.d, y.d = x_train[batch], y_train[batch]
             loss.forward()
             solver.zero_grad()
-            loss.backward()
-            comm.all_reduce([p.grad for p in params.values()], division=True)
+            if args.overlap:
+                cb = comm.all_reduce_callback(grads, 2 << 20, division=True)
+                loss.backward(function_post_hook=cb)
+            else:
+                loss.backward()
+                comm.all_reduce(grads, division=True)
             solver.update()
             total.data += loss.d
         comm.all_reduce(total, division=True)
