@@ -188,16 +188,18 @@ cdef class AllReduceCallback:
     cdef int _abandon(self) except -1:
         """Closes a backward that stopped part-way (an exception in a hook
         or a function ends nnabla's backward at once): the engine sends its
-        remaining buckets flagged, as every rank's does when its next
-        backward starts, and the new backward goes on."""
+        remaining buckets zero-filled and the tail is reduced, the calls
+        every other rank made to finish that backward, so the ranks stay
+        matched whether they stopped too or not; then the new backward goes
+        on."""
         warnings.warn("the previous backward ended before all of its "
                       "functions ran; its gradients were not all-reduced",
                       RuntimeWarning)
-        self.active = False
-        cdef Engine* engine = self.current.engine.get()
-        engine.fail(b"abandoned")
-        with nogil:
-            engine.finish()
+        self.current.engine.get().fail(b"abandoned")
+        try:
+            self._finish()
+        except RuntimeError:
+            pass  # the abandoned backward's own failure, reported above
         return 0
 
     cdef int _fail(self, str message) except -1:

@@ -125,3 +125,8 @@ def test_launcher_kills_a_hang():
         run_worker("selftest", 2, ["hang"], timeout=8)
     assert "hung for 8 s" in str(failure.value)
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("n", (2, 3))
+def test_callback_one_rank_fails(n):
+    run_worker("callback_one_rank_fails", n, timeout=120)
