@@ -203,8 +203,8 @@ cdef class AllReduceCallback:
         return 0
 
     cdef int _fail(self, str message) except -1:
-        # The engine still sends every remaining bucket, flagged, so that the
-        # other ranks learn of the failure instead of waiting.
+        # The engine still sends every remaining bucket (zeros) and then the
+        # failure flag, so the other ranks learn of it instead of waiting.
         self.current.engine.get().fail(message.encode())
         return self._finish()
 

@@ -53,7 +53,6 @@ cdef extern from "nncomm/mpi_transport.hpp" namespace "nncomm" nogil:
 cdef extern from "nncomm/fusion_buffer.hpp" namespace "nncomm" nogil:
     cdef cppclass FusionBuffer:
         FusionBuffer()
-        size_t capacity()
 
 
 cdef extern from "nncomm/collectives.hpp" namespace "nncomm" nogil:
@@ -113,7 +112,6 @@ cdef extern from "nncomm/engine.hpp" namespace "nncomm" nogil:
         void mark_ready(size_t tensor, void* ptr, DType dtype)
         void fail(const string& message)
         Status finish()
-        size_t num_buckets()
 
 
 cdef extern from "nncomm/config.hpp" namespace "nncomm::config" nogil:

@@ -50,14 +50,12 @@ public:
   // Tensor `tensor` is final, at `ptr`, holding `dtype` (which, with
   // keep_dtype plans, is the dtype its bucket travels in).
   void mark_ready(size_t tensor, void *ptr, DType dtype);
-  // This rank failed: the remaining buckets go out zero-filled and flagged,
-  // and finish() returns `message`.
+  // This rank failed: the remaining buckets go out zero-filled, the flag
+  // round tells the other ranks, and finish() returns `message`.
   void fail(const std::string &message);
   // Waits until every bucket of the iteration is reduced. Fails with this
   // rank's own error, an MPI error, or the news that another rank failed.
   Status finish();
-
-  size_t num_buckets() const { return plan_.size(); }
 
 private:
   void run();

@@ -20,7 +20,6 @@ public:
   // Points `*data` at least `bytes` of 64-byte-aligned memory. Earlier
   // contents are not kept when the buffer grows.
   Status reserve(size_t bytes, char **data);
-  size_t capacity() const { return capacity_; }
 
 private:
   char *data_ = nullptr;
