@@ -110,11 +110,10 @@ cdef class AllReduceCallback:
         if graph is None or not graph.still_valid():
             graph = analyze(f, self.positions)
             remember(self.state.analyses, f, graph, _MAX_ANALYSES)
-        reached = tuple(i for i, c in enumerate(graph.counts) if c > 0)
-        cdef _Engine engine = self.state.engines.get(reached)
+        cdef _Engine engine = self.state.engines.get(graph.reached)
         if engine is None:
-            engine = self._new_engine(reached)
-            remember(self.state.engines, reached, engine, _MAX_ENGINES)
+            engine = self._new_engine(graph.reached)
+            remember(self.state.engines, graph.reached, engine, _MAX_ENGINES)
         self.graph = graph
         self.root = f
         self.current = engine

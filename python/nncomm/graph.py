@@ -19,6 +19,7 @@ class BackwardGraph:
             backward writes.
         counts (list of int): per gradient, how many called functions write
             it; 0 for gradients the graph does not reach.
+        reached (tuple of int): the positions whose count is not 0.
         functions (list): the called functions, in discovery order.
         need_grad (tuple of bool): their ``need_grad`` flags, to tell later
             whether this analysis still holds.
@@ -27,6 +28,7 @@ class BackwardGraph:
     def __init__(self, consumers, counts, functions):
         self.consumers = consumers
         self.counts = counts
+        self.reached = tuple(i for i, c in enumerate(counts) if c > 0)
         self.functions = functions
         self.need_grad = need_grad_flags(functions)
 
