@@ -227,11 +227,18 @@ Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
       NNCOMM_RETURN_IF_ERROR(acquire(a, i, materialize));
       std::memset(a.ptr, 0, a.count * dtype_size(a.dtype));
     }
-    // This rank's share is scaled where it lies; the sum overwrites it.
-    convert_scaled(a.ptr, a.dtype, a.ptr, a.dtype, a.count, scale, 1);
-    NNCOMM_RETURN_IF_ERROR(transport.allreduce(a.ptr, a.count, a.dtype));
-    divide_into(a.ptr, a.ptr, a.count, a.dtype, divisor);
+    NNCOMM_RETURN_IF_ERROR(
+        reduce_in_place(transport, a.ptr, a.count, a.dtype, scale, divisor));
   }
+  return Status::Ok();
+}
+
+Status reduce_in_place(const MpiTransport &transport, void *ptr, size_t count,
+                       DType dt, float scale, int divisor, int poll_us) {
+  // This rank's share is scaled where it lies; the sum overwrites it.
+  convert_scaled(ptr, dt, ptr, dt, count, scale, 1);
+  NNCOMM_RETURN_IF_ERROR(transport.allreduce(ptr, count, dt, poll_us));
+  divide_into(ptr, ptr, count, dt, divisor);
   return Status::Ok();
 }
 

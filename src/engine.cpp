@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "nncomm/collectives.hpp"
 #include "nncomm/host_ops.hpp"
 
 namespace nncomm {
@@ -146,16 +147,9 @@ Status Engine::reduce_direct(const Bucket &bucket, bool failed) {
     std::memset(zeros, 0, bytes);
     return transport_->allreduce(zeros, s.count, bucket.dtype, poll_us_);
   }
-  char *piece = ptr + s.tensor_offset * dtype_size(bucket.dtype);
-  if (scale_ != 1.0f) {
-    convert_scaled(piece, bucket.dtype, piece, bucket.dtype, s.count, scale_,
-                   1);
-  }
-  NNCOMM_RETURN_IF_ERROR(
-      transport_->allreduce(piece, s.count, bucket.dtype, poll_us_));
-  convert_scaled(piece, bucket.dtype, piece, bucket.dtype, s.count, 1.0f,
-                 divisor_);
-  return Status::Ok();
+  return reduce_in_place(*transport_,
+                         ptr + s.tensor_offset * dtype_size(bucket.dtype),
+                         s.count, bucket.dtype, scale_, divisor_, poll_us_);
 }
 
 Status Engine::reduce_bucket(size_t b, bool failed) {

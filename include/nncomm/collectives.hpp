@@ -45,6 +45,12 @@ Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
                        std::vector<ArrayRef> &arrays, bool division,
                        float scale, bool fuse, Materializer materialize);
 
+// Sums `ptr` times `scale` over the transport's ranks, in place, then
+// divides it by `divisor`: the reduction of one array that travels where it
+// lies (poll_us as in MpiTransport::allreduce).
+Status reduce_in_place(const MpiTransport &transport, void *ptr, size_t count,
+                       DType dt, float scale, int divisor, int poll_us = -1);
+
 // Sums each array into rank `root` (the mean with `division`); the arrays
 // of the other ranks stay unchanged.
 Status reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
