@@ -235,11 +235,16 @@ Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
 
 Status reduce_in_place(const MpiTransport &transport, void *ptr, size_t count,
                        DType dt, float scale, int divisor, int poll_us) {
-  // This rank's share is scaled where it lies; the sum overwrites it.
-  convert_scaled(ptr, dt, ptr, dt, count, scale, 1);
-  NNCOMM_RETURN_IF_ERROR(transport.allreduce(ptr, count, dt, poll_us));
-  divide_into(ptr, ptr, count, dt, divisor);
-  return Status::Ok();
+  // This rank's share is scaled where it lies; the sum overwrites it. Both
+  // passes run piece by piece, next to the piece's reduction.
+  return transport.allreduce(
+      ptr, count, dt, poll_us,
+      [&](void *piece, size_t n) {
+        convert_scaled(piece, dt, piece, dt, n, scale, 1);
+      },
+      [&](void *piece, size_t n) {
+        divide_into(piece, piece, n, dt, divisor);
+      });
 }
 
 Status reduce_list(const MpiTransport &transport, FusionBuffer &fusion,

@@ -1,5 +1,6 @@
 #include "nncomm/host_ops.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -11,7 +12,13 @@ namespace {
 template <typename To, typename From, typename Wide>
 void convert(To *dst, const From *src, size_t count, Wide scale, Wide divisor) {
   // Dividing, rather than multiplying by 1 / divisor, gives the same
-  // rounding as numpy's x / n.
+  // rounding as numpy's x / n. For a power of two 1 / divisor is exact, so
+  // multiplying rounds identically and is several times faster.
+  int exponent = 0;
+  if (std::frexp(divisor, &exponent) == Wide(0.5)) {
+    scale *= Wide(1) / divisor;
+    divisor = Wide(1);
+  }
   if (divisor == Wide(1)) {
     for (size_t i = 0; i < count; ++i) {
       dst[i] = static_cast<To>(static_cast<Wide>(src[i]) * scale);

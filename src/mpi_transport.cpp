@@ -144,11 +144,12 @@ MpiTransport::~MpiTransport() {
     MPI_Comm_free(&comm_);
 }
 
-Status MpiTransport::allreduce(void *buf, size_t count, DType dt,
-                               int poll_us) const {
+Status MpiTransport::allreduce(void *buf, size_t count, DType dt, int poll_us,
+                               const PieceFn &before,
+                               const PieceFn &after) const {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
-  return for_each_chunk(buf, count, dt, [&](char *piece, int n) {
+  const auto sum_piece = [&](char *piece, int n) {
     if (poll_us < 0) {
       NNCOMM_MPI_CALL(MPI_Allreduce, MPI_IN_PLACE, piece, n, mpi_type(dt), op,
                       comm_);
@@ -165,6 +166,14 @@ Status MpiTransport::allreduce(void *buf, size_t count, DType dt,
         std::this_thread::sleep_for(std::chrono::microseconds(poll_us));
       }
     }
+  };
+  return for_each_chunk(buf, count, dt, [&](char *piece, int n) {
+    if (before)
+      before(piece, static_cast<size_t>(n));
+    NNCOMM_RETURN_IF_ERROR(sum_piece(piece, n));
+    if (after)
+      after(piece, static_cast<size_t>(n));
+    return Status::Ok();
   });
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -43,11 +44,19 @@ public:
   // Rank among the processes that share this one's memory (same host).
   int local_rank() const { return local_rank_; }
 
+  // Work on one piece of a large buffer (its address and element count).
+  using PieceFn = std::function<void(void *piece, size_t count)>;
+
   // Sums `buf` over all ranks, in place. With `poll_us` >= 0 the reduction
   // is nonblocking and tested every `poll_us` microseconds: a background
   // thread waiting on the network then leaves its core to computation,
-  // where MPICH's blocking calls would spin on it.
-  Status allreduce(void *buf, size_t count, DType dt, int poll_us = -1) const;
+  // where MPICH's blocking calls would spin on it. Large buffers travel in
+  // pieces; `before` and `after`, when given, run on each piece just before
+  // and after it is summed, while it is still in cache, which saves the
+  // memory pass a separate scaling or division over `buf` would cost.
+  Status allreduce(void *buf, size_t count, DType dt, int poll_us = -1,
+                   const PieceFn &before = nullptr,
+                   const PieceFn &after = nullptr) const;
   // Sums `buf` into `root`'s `buf`; other ranks' `buf` stay unchanged.
   Status reduce(void *buf, size_t count, DType dt, int root) const;
   Status bcast(void *buf, size_t count, DType dt, int root) const;
