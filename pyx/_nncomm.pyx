@@ -7,6 +7,7 @@ from libc.stdint cimport uint64_t
 from libcpp cimport bool as cpp_bool
 from libcpp.utility cimport move
 from mpi4py cimport MPI
+from libcore cimport *
 from libnncomm cimport *
 
 import operator

@@ -244,8 +244,8 @@ def plan_gradient_buckets(counts, dtypes, order, pack_size, keep_dtype, wire,
             wire dtype, get direct buckets of their own.
 
     Returns:
-        list of (numpy dtype, direct, list of (tensor, tensor_offset, count,
-        bucket_offset)), in launch order.
+        list of (numpy dtype, direct, list of (tensor, tensor_offset, count)),
+        in launch order; a bucket's segments lie end to end in it.
     """
     cdef vector[TensorSpec] specs
     cdef TensorSpec spec
@@ -258,6 +258,6 @@ def plan_gradient_buckets(counts, dtypes, order, pack_size, keep_dtype, wire,
         specs, list(order), pack_size, keep_dtype,
         <DType><int>_DTYPE_CODES[np.dtype(wire)], direct_count)
     return [(names[<int>b.dtype], b.direct,
-             [(s.tensor, s.tensor_offset, s.count, s.bucket_offset)
+             [(s.tensor, s.tensor_offset, s.count)
               for s in b.segments])
             for b in plan]

@@ -1,5 +1,6 @@
-# Declarations of nncomm's C++ core (include/nncomm/). Nothing but externs:
-# the logic lives in src/, the Python-facing code in the .pxi files.
+# Declarations of nncomm's C++ core (include/nncomm/) that need MPI. Nothing
+# but externs: the logic lives in src/, the Python-facing code in the .pxi
+# files. Status and DType are in libcore.pxd.
 
 from libc.stddef cimport size_t
 from libc.stdint cimport uint64_t
@@ -9,29 +10,7 @@ from libcpp.string cimport string
 from libcpp.vector cimport vector
 from mpi4py.libmpi cimport MPI_Comm
 
-
-cdef extern from "nncomm/status.hpp" namespace "nncomm" nogil:
-    enum class StatusCode(int):
-        kOk
-        kInvalidArgument
-        kMpiError
-        kOutOfMemory
-        kRuntimeError
-
-    cdef cppclass Status:
-        Status()
-        bool ok()
-        StatusCode code()
-        const string& message()
-
-
-cdef extern from "nncomm/dtype.hpp" namespace "nncomm" nogil:
-    enum class DType(int):
-        kFloat32
-        kFloat64
-        kFloat16
-        kInt32
-        kInt64
+from libcore cimport DType, Status
 
 
 cdef extern from "nncomm/mpi_transport.hpp" namespace "nncomm" nogil:
@@ -89,7 +68,6 @@ cdef extern from "nncomm/bucket_plan.hpp" namespace "nncomm" nogil:
         size_t tensor
         size_t tensor_offset
         size_t count
-        size_t bucket_offset
 
     cdef cppclass Bucket:
         DType dtype

@@ -29,7 +29,7 @@ std::vector<Bucket> plan_buckets(const std::vector<TensorSpec> &tensors,
         b.dtype = dt;
         b.direct = true;
         b.count = std::min(pack_size, spec.count - done);
-        b.segments.push_back({t, done, b.count, 0});
+        b.segments.push_back({t, done, b.count});
         b.tensors.push_back(t);
         plan.push_back(std::move(b));
       }
@@ -39,7 +39,7 @@ std::vector<Bucket> plan_buckets(const std::vector<TensorSpec> &tensors,
     while (done < spec.count) {
       Bucket &b = open_bucket(dt);
       const size_t take = std::min(spec.count - done, pack_size - b.count);
-      b.segments.push_back({t, done, take, b.count});
+      b.segments.push_back({t, done, take});
       if (b.tensors.empty() || b.tensors.back() != t)
         b.tensors.push_back(t);
       b.count += take;

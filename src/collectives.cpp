@@ -6,6 +6,7 @@
 
 #include "nncomm/config.hpp"
 #include "nncomm/host_ops.hpp"
+#include "nncomm/pack.hpp"
 
 namespace nncomm {
 
@@ -14,17 +15,13 @@ namespace {
 // Messages start on cache-line boundaries inside the fusion buffer.
 size_t align_up(size_t bytes) { return (bytes + 63) & ~size_t(63); }
 
-struct Slot {
-  size_t index;  // position in the caller's list
-  size_t offset; // element offset inside its message
-};
-
-// One fused message: the arrays of one dtype, packed back to back.
+// One fused message: the arrays of one dtype, packed back to back
+// (pack.hpp lays them out).
 struct Message {
   DType dtype;
-  size_t byte_offset = 0; // inside the fusion buffer
-  size_t count = 0;       // elements, trailing flags included
-  std::vector<Slot> slots;
+  size_t byte_offset = 0;     // inside the fusion buffer
+  size_t count = 0;           // elements, trailing flags included
+  std::vector<size_t> arrays; // positions in the caller's list
 };
 
 struct FusionPlan {
@@ -61,7 +58,7 @@ FusionPlan plan_fusion(const std::vector<ArrayRef> &arrays, bool fuse,
       message = &plan.messages.back();
       message->dtype = a.dtype;
     }
-    message->slots.push_back({i, message->count});
+    message->arrays.push_back(i);
     message->count += a.count;
   }
   if (flags && !arrays.empty())
@@ -79,29 +76,30 @@ void divide_into(void *dst, const void *src, size_t count, DType dt,
   convert_scaled(dst, dt, src, dt, count, 1.0f, divisor);
 }
 
-char *slot_address(char *buffer, const Message &m, const Slot &s) {
-  return buffer + m.byte_offset + s.offset * dtype_size(m.dtype);
+// The layout of message `m` inside `buffer`; an array whose pointer is
+// nullptr packs as zeros and is left out when unpacking.
+Status message_table(const Message &m, const std::vector<ArrayRef> &arrays,
+                     PackTable *table) {
+  std::vector<PackSegment> segments;
+  segments.reserve(m.arrays.size());
+  for (size_t i : m.arrays) {
+    segments.push_back({arrays[i].ptr, arrays[i].dtype, 0, arrays[i].count});
+  }
+  return build_pack_table(segments.data(), segments.size(), m.dtype, table);
 }
 
-void pack(char *buffer, const Message &m, const std::vector<ArrayRef> &arrays,
-          float scale) {
-  for (const Slot &s : m.slots) {
-    const ArrayRef &a = arrays[s.index];
-    char *slot = slot_address(buffer, m, s);
-    if (a.ptr != nullptr) {
-      convert_scaled(slot, a.dtype, a.ptr, a.dtype, a.count, scale, 1);
-    } else {
-      std::memset(slot, 0, a.count * dtype_size(a.dtype));
-    }
-  }
+Status pack(char *buffer, const Message &m, const std::vector<ArrayRef> &arrays,
+            float scale) {
+  PackTable table;
+  NNCOMM_RETURN_IF_ERROR(message_table(m, arrays, &table));
+  return pack_host(table, buffer + m.byte_offset, m.dtype, scale);
 }
 
-void unpack(char *buffer, const Message &m, const std::vector<ArrayRef> &arrays,
-            int divisor) {
-  for (const Slot &s : m.slots) {
-    const ArrayRef &a = arrays[s.index];
-    divide_into(a.ptr, slot_address(buffer, m, s), a.count, a.dtype, divisor);
-  }
+Status unpack(const char *buffer, const Message &m,
+              const std::vector<ArrayRef> &arrays, int divisor) {
+  PackTable table;
+  NNCOMM_RETURN_IF_ERROR(message_table(m, arrays, &table));
+  return unpack_host(table, buffer + m.byte_offset, m.dtype, 1.0f, divisor);
 }
 
 Status reserve_plan(FusionBuffer &fusion, const FusionPlan &plan,
@@ -181,7 +179,7 @@ Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
   char *buffer = nullptr;
   NNCOMM_RETURN_IF_ERROR(reserve_plan(fusion, plan, &buffer));
   for (const Message &m : plan.messages)
-    pack(buffer, m, arrays, scale);
+    NNCOMM_RETURN_IF_ERROR(pack(buffer, m, arrays, scale));
 
   const Message &first = plan.messages[0];
   char *flags = buffer + first.byte_offset +
@@ -201,21 +199,20 @@ Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
   for (size_t k = 0; k < plan.messages.size(); ++k) {
     const Message &m = plan.messages[k];
     bool any_written = false;
-    for (const Slot &s : m.slots)
-      any_written = any_written || written[s.index];
+    for (size_t i : m.arrays)
+      any_written = any_written || written[i];
     if (!any_written)
       continue; // the same decision on every rank
     if (k > 0) {
       NNCOMM_RETURN_IF_ERROR(
           transport.allreduce(buffer + m.byte_offset, m.count, m.dtype));
     }
-    for (const Slot &s : m.slots) {
-      if (!written[s.index])
-        continue;
-      ArrayRef &a = arrays[s.index];
-      NNCOMM_RETURN_IF_ERROR(acquire(a, s.index, materialize));
-      divide_into(a.ptr, slot_address(buffer, m, s), a.count, a.dtype, divisor);
+    // Arrays written on no rank keep no memory and are left out.
+    for (size_t i : m.arrays) {
+      if (written[i])
+        NNCOMM_RETURN_IF_ERROR(acquire(arrays[i], i, materialize));
     }
+    NNCOMM_RETURN_IF_ERROR(unpack(buffer, m, arrays, divisor));
   }
 
   for (size_t i : plan.direct) {
@@ -259,11 +256,11 @@ Status reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
   const bool is_root = transport.rank() == root;
   const int divisor = division ? transport.size() : 1;
   for (const Message &m : plan.messages) {
-    pack(buffer, m, arrays, 1.0f);
+    NNCOMM_RETURN_IF_ERROR(pack(buffer, m, arrays, 1.0f));
     NNCOMM_RETURN_IF_ERROR(
         transport.reduce(buffer + m.byte_offset, m.count, m.dtype, root));
     if (is_root)
-      unpack(buffer, m, arrays, divisor);
+      NNCOMM_RETURN_IF_ERROR(unpack(buffer, m, arrays, divisor));
   }
   for (size_t i : plan.direct) {
     const ArrayRef &a = arrays[i];
@@ -285,11 +282,11 @@ Status bcast_list(const MpiTransport &transport, FusionBuffer &fusion,
   const bool is_root = transport.rank() == root;
   for (const Message &m : plan.messages) {
     if (is_root)
-      pack(buffer, m, arrays, 1.0f);
+      NNCOMM_RETURN_IF_ERROR(pack(buffer, m, arrays, 1.0f));
     NNCOMM_RETURN_IF_ERROR(
         transport.bcast(buffer + m.byte_offset, m.count, m.dtype, root));
     if (!is_root)
-      unpack(buffer, m, arrays, 1);
+      NNCOMM_RETURN_IF_ERROR(unpack(buffer, m, arrays, 1));
   }
   for (size_t i : plan.direct) {
     const ArrayRef &a = arrays[i];

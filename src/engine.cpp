@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "nncomm/collectives.hpp"
-#include "nncomm/host_ops.hpp"
 
 namespace nncomm {
 
@@ -156,32 +155,23 @@ Status Engine::reduce_bucket(size_t b, bool failed) {
   const Bucket &bucket = plan_[b];
   if (bucket.direct)
     return reduce_direct(bucket, failed);
-  const size_t wire = dtype_size(bucket.dtype);
-  char *buffer = nullptr;
-  NNCOMM_RETURN_IF_ERROR(staging_.reserve(bucket.count * wire, &buffer));
+  // A failed rank, or a gradient never written here, sends zeros.
+  segments_.clear();
   for (const Segment &s : bucket.segments) {
-    const DType dt = dtypes_[s.tensor];
-    char *slot = buffer + s.bucket_offset * wire;
-    const char *src = static_cast<const char *>(ptrs_[s.tensor]);
-    if (failed || src == nullptr) {
-      std::memset(slot, 0, s.count * wire);
-    } else {
-      convert_scaled(slot, bucket.dtype, src + s.tensor_offset * dtype_size(dt),
-                     dt, s.count, scale_, 1);
-    }
+    segments_.push_back({failed ? nullptr : ptrs_[s.tensor], dtypes_[s.tensor],
+                         s.tensor_offset, s.count});
   }
+  NNCOMM_RETURN_IF_ERROR(build_pack_table(segments_.data(), segments_.size(),
+                                          bucket.dtype, &table_));
+  char *buffer = nullptr;
   NNCOMM_RETURN_IF_ERROR(
-      transport_->allreduce(buffer, bucket.count, bucket.dtype, poll_us_));
+      staging_.reserve(table_.count * dtype_size(bucket.dtype), &buffer));
+  NNCOMM_RETURN_IF_ERROR(pack_host(table_, buffer, bucket.dtype, scale_));
+  NNCOMM_RETURN_IF_ERROR(
+      transport_->allreduce(buffer, table_.count, bucket.dtype, poll_us_));
   if (failed)
     return Status::Ok();
-  for (const Segment &s : bucket.segments) {
-    const DType dt = dtypes_[s.tensor];
-    char *dst = static_cast<char *>(ptrs_[s.tensor]);
-    convert_scaled(dst + s.tensor_offset * dtype_size(dt), dt,
-                   buffer + s.bucket_offset * wire, bucket.dtype, s.count, 1.0f,
-                   divisor_);
-  }
-  return Status::Ok();
+  return unpack_host(table_, buffer, bucket.dtype, 1.0f, divisor_);
 }
 
 } // namespace nncomm

@@ -6,6 +6,7 @@
 #include <string>
 #include <thread>
 
+#include "nncomm/bfloat16.hpp"
 #include "nncomm/config.hpp"
 #include "nncomm/host_memory.hpp"
 
@@ -29,14 +30,14 @@ namespace {
       return Status::Mpi(_nncomm_err, #fn);                                    \
   } while (0)
 
-// MPI has no half-precision sum. Each step widens to float, adds, and rounds
+// MPI has no 16-bit float sums. Each step widens to float, adds, and rounds
 // back, which is what a float16 reduction in numpy does per addition.
-void half_sum(void *in, void *inout, int *len, MPI_Datatype *) {
-  const _Float16 *a = static_cast<const _Float16 *>(in);
-  _Float16 *b = static_cast<_Float16 *>(inout);
+template <typename T>
+void narrow_sum(void *in, void *inout, int *len, MPI_Datatype *) {
+  const T *a = static_cast<const T *>(in);
+  T *b = static_cast<T *>(inout);
   for (int i = 0; i < *len; ++i) {
-    b[i] = static_cast<_Float16>(static_cast<float>(a[i]) +
-                                 static_cast<float>(b[i]));
+    b[i] = static_cast<T>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
   }
 }
 
@@ -45,24 +46,31 @@ MPI_Datatype mpi_type(DType dt) {
   case DType::kFloat32: return MPI_FLOAT;
   case DType::kFloat64: return MPI_DOUBLE;
   case DType::kFloat16: return MPI_UINT16_T;
+  case DType::kBFloat16: return MPI_UINT16_T;
   case DType::kInt32: return MPI_INT32_T;
   case DType::kInt64: return MPI_INT64_T;
   }
   return MPI_DATATYPE_NULL;
 }
 
-// The sum for `dt`. The half op is created on first use and lives until
+// The op of a 16-bit float sum, created on first use; it lives until
 // MPI_Finalize frees it.
-Status sum_op(DType dt, MPI_Op *op) {
-  if (dt != DType::kFloat16) {
-    *op = MPI_SUM;
-    return Status::Ok();
-  }
-  static MPI_Op half_op = MPI_OP_NULL;
-  static int created = MPI_Op_create(&half_sum, 1, &half_op);
+template <typename T> Status narrow_sum_op(MPI_Op *op) {
+  static MPI_Op created_op = MPI_OP_NULL;
+  static int created = MPI_Op_create(&narrow_sum<T>, 1, &created_op);
   if (created != MPI_SUCCESS)
     return Status::Mpi(created, "MPI_Op_create");
-  *op = half_op;
+  *op = created_op;
+  return Status::Ok();
+}
+
+// The sum for `dt`.
+Status sum_op(DType dt, MPI_Op *op) {
+  if (dt == DType::kFloat16)
+    return narrow_sum_op<_Float16>(op);
+  if (dt == DType::kBFloat16)
+    return narrow_sum_op<BFloat16>(op);
+  *op = MPI_SUM;
   return Status::Ok();
 }
 

@@ -16,13 +16,12 @@ struct TensorSpec {
   DType dtype;
 };
 
-// `count` elements of tensor `tensor`, from its element `tensor_offset`, at
-// element `bucket_offset` of the bucket.
+// `count` elements of tensor `tensor`, from its element `tensor_offset`.
+// A bucket's segments lie end to end in it, in their order (pack.hpp).
 struct Segment {
   size_t tensor;
   size_t tensor_offset;
   size_t count;
-  size_t bucket_offset;
 };
 
 struct Bucket {

@@ -12,6 +12,7 @@ enum class DType : int {
   kFloat16 = 2,
   kInt32 = 3,
   kInt64 = 4,
+  kBFloat16 = 5,
 };
 
 inline size_t dtype_size(DType dt) {
@@ -21,13 +22,14 @@ inline size_t dtype_size(DType dt) {
   case DType::kFloat16: return 2;
   case DType::kInt32: return 4;
   case DType::kInt64: return 8;
+  case DType::kBFloat16: return 2;
   }
   return 0;
 }
 
 inline bool dtype_is_floating(DType dt) {
   return dt == DType::kFloat32 || dt == DType::kFloat64 ||
-         dt == DType::kFloat16;
+         dt == DType::kFloat16 || dt == DType::kBFloat16;
 }
 
 } // namespace nncomm

@@ -29,6 +29,7 @@
 #include "nncomm/bucket_plan.hpp"
 #include "nncomm/fusion_buffer.hpp"
 #include "nncomm/mpi_transport.hpp"
+#include "nncomm/pack.hpp"
 #include "nncomm/status.hpp"
 
 namespace nncomm {
@@ -69,7 +70,10 @@ private:
   const std::vector<Bucket> plan_;
   const int poll_us_;
   std::vector<std::vector<size_t>> buckets_of_; // tensor -> its buckets
-  FusionBuffer staging_;                        // used by the thread only
+  // Used by the thread only, reused for every bucket.
+  FusionBuffer staging_;
+  std::vector<PackSegment> segments_;
+  PackTable table_;
 
   std::mutex mutex_;
   std::condition_variable changed_;

@@ -1,0 +1,31 @@
+# Declarations of the C++ core's basic types (include/nncomm/), shared by
+# every extension module: how failures are reported and which element types
+# exist. Nothing here needs MPI or CUDA.
+
+from libcpp cimport bool
+from libcpp.string cimport string
+
+
+cdef extern from "nncomm/status.hpp" namespace "nncomm" nogil:
+    enum class StatusCode(int):
+        kOk
+        kInvalidArgument
+        kMpiError
+        kOutOfMemory
+        kRuntimeError
+
+    cdef cppclass Status:
+        Status()
+        bool ok()
+        StatusCode code()
+        const string& message()
+
+
+cdef extern from "nncomm/dtype.hpp" namespace "nncomm" nogil:
+    enum class DType(int):
+        kFloat32
+        kFloat64
+        kFloat16
+        kInt32
+        kInt64
+        kBFloat16
