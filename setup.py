@@ -1,21 +1,46 @@
-"""Builds nncomm: the Python package in python/ and its compiled core,
-nncomm._nncomm, from the Cython in pyx/ and the C++ in src/ and include/.
+"""Builds nncomm: the Python package in python/ and two compiled modules from
+the Cython in pyx/ and the C++/CUDA in src/ and include/:
 
-The core is compiled and linked against the MPI that mpi4py runs on: the
-flags come from that MPI's C++ compiler wrapper (``mpicxx -show``), looked up
-first beside the running interpreter (where the PyPI ``mpich`` wheel puts
-it), then on PATH; ``MPICXX`` names another wrapper.
+- ``nncomm._nncomm``, the communicator, compiled and linked against the MPI
+  that mpi4py runs on: the flags come from that MPI's C++ compiler wrapper
+  (``mpicxx -show``), looked up first beside the running interpreter (where
+  the PyPI ``mpich`` wheel puts it), then on PATH; ``MPICXX`` names another
+  wrapper. ``NNCOMM_MPI=0`` leaves it out (a machine with no MPI to build
+  against, where only the packing kernels are wanted).
+- ``nncomm.packing``, the bucket packing kernels, which need neither MPI nor
+  nnabla. Its CUDA half (src/*.cu) is compiled with ``nvcc`` when nvcc is on
+  PATH (or under ``CUDA_HOME``); ``NNCOMM_CUDA=1`` makes a missing nvcc an
+  error, ``NNCOMM_CUDA=0`` builds without CUDA even where nvcc is.
+  ``NNCOMM_CUDA_ARCH`` lists the GPU architectures (default ``75;80;90``,
+  plus PTX of the last for newer GPUs). The CUDA runtime is linked
+  statically, so the module imports on machines without a GPU or a CUDA
+  installation.
 """
 import glob
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 
-import mpi4py
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+CXXFLAGS = ["-std=c++17", "-O3", "-Wall"]
+
+
+def env_switch(name):
+    """True, False, or None (decide automatically) from '1', '0' or unset."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in ("", "auto"):
+        return None
+    if value in ("1", "on", "yes", "true"):
+        return True
+    if value in ("0", "off", "no", "false"):
+        return False
+    sys.exit(f"nncomm: {name}={value!r}: expected 1, 0 or auto")
 
 
 def mpi_build_flags():
@@ -25,7 +50,8 @@ def mpi_build_flags():
     wrapper = os.environ.get("MPICXX") or shutil.which("mpicxx", path=search)
     if wrapper is None:
         sys.exit("nncomm: no mpicxx found; install the 'mpich' wheel "
-                 "(pip install mpich) or set MPICXX")
+                 "(pip install mpich) or set MPICXX (or NNCOMM_MPI=0 to "
+                 "build only nncomm.packing)")
     words = shlex.split(subprocess.check_output([wrapper, "-show"], text=True))
     flags = {"include_dirs": [], "library_dirs": [], "libraries": [],
              "runtime_library_dirs": []}
@@ -41,17 +67,106 @@ def mpi_build_flags():
     return flags
 
 
-mpi = mpi_build_flags()
-core = Extension(
-    "nncomm._nncomm",
-    sources=["pyx/_nncomm.pyx"] + sorted(glob.glob("src/*.cpp")),
-    include_dirs=["include", "pyx", mpi4py.get_include()] + mpi["include_dirs"],
-    library_dirs=mpi["library_dirs"],
-    libraries=mpi["libraries"],
-    runtime_library_dirs=mpi["runtime_library_dirs"],
-    language="c++",
-    extra_compile_args=["-std=c++17", "-O3", "-Wall"],
-)
+def find_nvcc():
+    """nvcc's path and the CUDA installation it belongs to, or None."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    nvcc = shutil.which("nvcc", path=os.path.join(home, "bin")) if home \
+        else shutil.which("nvcc")
+    if nvcc is None:
+        return None
+    # nvcc may be a wrapper script; its own verbose output names its home.
+    verbose = subprocess.run(
+        [nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+        capture_output=True, text=True).stderr
+    here = re.search(r"_HERE_=(\S+)", verbose)
+    root = os.path.dirname(here.group(1)) if here else \
+        os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+    return nvcc, root
+
+
+def cuda_library_dir(root):
+    for sub in ("lib64", "lib", os.path.join("targets", "x86_64-linux", "lib")):
+        path = os.path.join(root, sub)
+        if os.path.exists(os.path.join(path, "libcudart_static.a")):
+            return path
+    sys.exit(f"nncomm: no libcudart_static.a under {root}")
+
+
+def gencode_flags():
+    archs = [a for a in re.split(r"[;, ]+",
+                                 os.environ.get("NNCOMM_CUDA_ARCH", "75;80;90"))
+             if a]
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    return flags + [f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
+
+
+# Extension name -> (nvcc, .cu sources) for BuildExt: kept aside because
+# cythonize() rebuilds the Extension objects it is given.
+CUDA_SOURCES = {}
+
+
+class BuildExt(build_ext):
+    """build_ext that first compiles an extension's .cu sources with nvcc
+    into objects it links (setuptools knows no .cu)."""
+
+    def build_extension(self, ext):
+        if ext.name in CUDA_SOURCES:
+            nvcc, cuda_sources = CUDA_SOURCES[ext.name]
+            os.makedirs(self.build_temp, exist_ok=True)
+            for source in cuda_sources:
+                obj = os.path.join(self.build_temp,
+                                   os.path.basename(source) + ".o")
+                command = [nvcc, "-c", source, "-o", obj, "-std=c++17", "-O3",
+                           "-Xcompiler", "-fPIC,-Wall", "-Iinclude"] + \
+                    gencode_flags()
+                print(" ".join(command))
+                subprocess.check_call(command)
+                ext.extra_objects.append(obj)
+        super().build_extension(ext)
+
+
+def communicator_extension():
+    import mpi4py
+    mpi = mpi_build_flags()
+    sources = [s for s in sorted(glob.glob("src/*.cpp"))
+               if not os.path.basename(s).startswith("cuda_")]
+    return Extension(
+        "nncomm._nncomm",
+        sources=["pyx/_nncomm.pyx"] + sources,
+        include_dirs=["include", "pyx", mpi4py.get_include()] +
+        mpi["include_dirs"],
+        library_dirs=mpi["library_dirs"],
+        libraries=mpi["libraries"],
+        runtime_library_dirs=mpi["runtime_library_dirs"],
+        language="c++",
+        extra_compile_args=CXXFLAGS,
+    )
+
+
+def packing_extension():
+    want = env_switch("NNCOMM_CUDA")
+    found = find_nvcc() if want is not False else None
+    if want and found is None:
+        sys.exit("nncomm: NNCOMM_CUDA=1 but no nvcc on PATH or under "
+                 "CUDA_HOME")
+    sources = ["pyx/packing.pyx", "src/pack.cpp", "src/host_ops.cpp"]
+    if found is None:
+        return Extension("nncomm.packing",
+                         sources=sources + ["src/cuda_pack_unavailable.cpp"],
+                         include_dirs=["include", "pyx"], language="c++",
+                         extra_compile_args=CXXFLAGS)
+    nvcc, root = found
+    CUDA_SOURCES["nncomm.packing"] = (nvcc, sorted(glob.glob("src/*.cu")))
+    return Extension("nncomm.packing", sources=sources,
+                     include_dirs=["include", "pyx"], language="c++",
+                     extra_compile_args=CXXFLAGS,
+                     library_dirs=[cuda_library_dir(root)],
+                     libraries=["cudart_static", "dl", "rt", "pthread"])
+
+
+extensions = [packing_extension()]
+if env_switch("NNCOMM_MPI") is not False:
+    extensions.insert(0, communicator_extension())
 
 setup(
     name="nncomm",
@@ -59,8 +174,9 @@ setup(
     description="Distributed-training communicator for nnabla over MPI",
     package_dir={"": "python"},
     packages=["nncomm"],
-    ext_modules=cythonize([core], include_path=["pyx"],
+    ext_modules=cythonize(extensions, include_path=["pyx"],
                           compiler_directives={"language_level": "3"}),
+    cmdclass={"build_ext": BuildExt},
     python_requires=">=3.8",
     install_requires=["nnabla", "numpy", "mpi4py"],
 )

@@ -3,10 +3,34 @@
 Change ``import nnabla.communicators as C`` to
 ``import nncomm.communicators as C``; the rest of a data-parallel nnabla
 script stays as it is.
-"""
-from nncomm import communicators
-from nncomm._nncomm import AllReduceCallback, Communicator
-from nncomm.hooks import chain_hooks
 
-__all__ = ["AllReduceCallback", "Communicator", "chain_hooks", "communicators"]
+The communicator's names are loaded on first use, so that
+``nncomm.packing`` (bucket packing kernels on raw addresses) imports where
+nnabla or MPI are not installed.
+"""
+import importlib
+
+# name -> the module that defines it
+_LAZY = {
+    "AllReduceCallback": "nncomm._nncomm",
+    "Communicator": "nncomm._nncomm",
+    "chain_hooks": "nncomm.hooks",
+    "communicators": "nncomm.communicators",
+}
+
+__all__ = sorted(_LAZY)
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'nncomm' has no attribute {name!r}")
+    module = importlib.import_module(_LAZY[name])
+    value = module if module.__name__ == f"{__name__}.{name}" else \
+        getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,56 @@
+// Packing on a CUDA device: one kernel launch per bucket, whatever the
+// number of segments, executing the PackTable that pack.hpp lays out (the
+// same rows the host twin executes), with scaling and dtype conversion
+// fused in. float32, float16 and bfloat16 on either side.
+//
+// Streams and events are passed as the caller's framework holds them
+// (cudaStream_t, cudaEvent_t), as opaque handles, so this header needs no
+// CUDA headers and the package builds without nvcc; such a build has no
+// kernels and CudaPacker::Create says so.
+#pragma once
+
+#include <memory>
+
+#include "nncomm/pack.hpp"
+#include "nncomm/scaling.hpp"
+#include "nncomm/status.hpp"
+
+namespace nncomm {
+
+using CudaStream = void *; // cudaStream_t; nullptr is the legacy default
+using CudaEvent = void *;  // cudaEvent_t; nullptr waits for nothing
+
+// Whether this build has the CUDA kernels.
+bool cuda_packing_built();
+
+class CudaPacker {
+public:
+  // A packer for the device current at creation. Its table memory (device,
+  // and pinned host for the upload) grows on demand and is reused; a table
+  // equal to the last one uploaded is not uploaded again. One packer's
+  // launches run in the order they were issued, even on different streams:
+  // use a packer per stream to pack on several streams at once.
+  static Status Create(std::unique_ptr<CudaPacker> *out);
+  ~CudaPacker();
+  CudaPacker(const CudaPacker &) = delete;
+  CudaPacker &operator=(const CudaPacker &) = delete;
+
+  // Enqueues bucket[k] = wire(tensor[i] * scale) on `stream`, after
+  // `after`. Asynchronous: the bucket is ready when the stream reaches it.
+  Status pack(const PackTable &table, void *bucket, DType wire, float scale,
+              CudaStream stream, CudaEvent after);
+  // Enqueues tensor[i] = dtype(bucket[k] * scale / divisor) likewise.
+  Status unpack(const PackTable &table, const void *bucket, DType wire,
+                float scale, int divisor, CudaStream stream, CudaEvent after);
+
+private:
+  struct Device;
+  explicit CudaPacker(std::unique_ptr<Device> device);
+  Status launch(const PackTable &table, const void *bucket, DType wire,
+                Scaling scaling, bool packing, CudaStream stream,
+                CudaEvent after);
+
+  std::unique_ptr<Device> device_;
+};
+
+} // namespace nncomm

@@ -1,0 +1,54 @@
+# Declarations of bucket packing (include/nncomm/pack.hpp, cuda_pack.hpp):
+# the shared layout, its host twin and the CUDA packer. Nothing but externs.
+
+from libc.stddef cimport size_t
+from libc.stdint cimport uint64_t
+from libcpp cimport bool
+from libcpp.memory cimport unique_ptr
+from libcpp.vector cimport vector
+
+from libcore cimport DType, Status
+
+
+cdef extern from "nncomm/pack.hpp" namespace "nncomm" nogil:
+    struct PackSegment:
+        const void* tensor
+        DType dtype
+        size_t offset
+        size_t count
+
+    const size_t kPackTileElements
+
+    struct PackEntry:
+        uint64_t address
+        uint64_t bucket_offset
+        uint64_t count
+        uint64_t first_tile
+
+    cdef cppclass PackTable:
+        vector[PackEntry] entries
+        size_t count
+        size_t tiles
+
+    Status build_pack_table(const PackSegment* segments, size_t n, DType wire,
+                            PackTable* table)
+    Status pack_host(const PackTable& table, void* bucket, DType wire,
+                     float scale)
+    Status unpack_host(const PackTable& table, const void* bucket, DType wire,
+                       float scale, int divisor)
+
+
+cdef extern from "nncomm/cuda_pack.hpp" namespace "nncomm" nogil:
+    ctypedef void* CudaStream
+    ctypedef void* CudaEvent
+
+    bool cuda_packing_built()
+
+    cdef cppclass CppCudaPacker "nncomm::CudaPacker":
+        @staticmethod
+        Status Create(unique_ptr[CppCudaPacker]* out)
+        Status pack(const PackTable& table, void* bucket, DType wire,
+                    float scale, CudaStream stream, CudaEvent after)
+        Status unpack(const PackTable& table, const void* bucket, DType wire,
+                      float scale, int divisor, CudaStream stream,
+                      CudaEvent after)

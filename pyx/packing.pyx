@@ -1,0 +1,278 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+# distutils: language = c++
+"""Bucket packing on raw addresses: the kernels behind nncomm's buckets.
+
+``pack`` lays pieces of tensors ("segments") end to end in one bucket of a
+wire dtype, multiplied by a scale; ``unpack`` writes a bucket back into its
+tensors, multiplied by a scale and divided by a divisor (the mean of a
+reduction). The host functions work on CPU memory; :class:`CudaPacker` does
+the same on a CUDA device in one kernel launch per bucket. Both execute the
+same layout, so a bucket packed by one unpacks with the other.
+
+This module needs neither nnabla nor MPI: addresses are plain integers
+(``numpy.ndarray.ctypes.data``, ``cupy.ndarray.data.ptr``,
+``nnabla.NdArray.data_ptr(...)``).
+
+A segment is a tuple ``(address, dtype, offset, count)``: the address of a
+tensor's element 0, its dtype (``'float32'``, ``'float16'``, ``'bfloat16'``,
+``'float64'``, ``'int32'``, ``'int64'`` or a numpy dtype), and the
+``count`` elements starting at element ``offset`` that the segment covers.
+A tensor may be split over several segments and buckets. Address 0 packs as
+zeros and is left out when unpacking.
+
+Arithmetic is in float32 (float64 where float64 is on either side; the
+scale itself is a float32 value), then rounded once to nearest even into the
+destination dtype: for float32, float16 and float64 the result is bitwise
+what numpy gives for ``(x.astype(f32) * scale / divisor).astype(dst)``, and
+bfloat16 is rounded the same way (numpy has no bfloat16). A divisor that is
+a power of two is applied as an exact multiplication, which rounds the same
+except for results below float32's normal range. Equal dtypes with scale 1
+and divisor 1 are copied bit for bit. Integer tensors travel only in their
+own dtype, unscaled.
+
+Example:
+
+    .. code-block:: python
+
+        import numpy as np
+        from nncomm import packing
+
+        a = np.arange(10, dtype=np.float32)
+        b = np.ones(3, dtype=np.float16)
+        bucket = np.empty(8, dtype=np.float16)
+        segments = [(a.ctypes.data, a.dtype, 5, 5), (b.ctypes.data, b.dtype, 0, 3)]
+        packing.pack(segments, bucket.ctypes.data, 'float16', scale=0.5)
+        # bucket == [2.5, 3, 3.5, 4, 4.5, 0.5, 0.5, 0.5]
+"""
+
+from libc.stdint cimport uintptr_t
+from libcpp.memory cimport unique_ptr
+from libcpp.vector cimport vector
+
+from libcore cimport *
+from libpack cimport *
+
+import numpy as np
+
+include "errors.pxi"
+
+TILE_ELEMENTS = kPackTileElements
+"""int: elements one CUDA block moves (each segment gets whole tiles)."""
+
+cuda_built = cuda_packing_built()
+"""bool: whether this build has the CUDA kernels (nvcc at build time)."""
+
+cdef dict _CODES = {
+    "float32": DType.kFloat32,
+    "float64": DType.kFloat64,
+    "float16": DType.kFloat16,
+    "bfloat16": DType.kBFloat16,
+    "int32": DType.kInt32,
+    "int64": DType.kInt64,
+}
+
+
+cdef DType dtype_code(dt, what) except *:
+    if isinstance(dt, str):
+        name = dt
+    else:
+        try:
+            name = np.dtype(dt).name
+        except TypeError:
+            name = repr(dt)
+    code = _CODES.get(name)
+    if code is None:
+        raise ValueError(
+            f"{what}: unknown dtype {name!r}; expected one of "
+            f"{', '.join(_CODES)}")
+    return <DType>code
+
+
+cdef uintptr_t address_of(value, what) except? 0:
+    value = int(value)
+    if not 0 <= value < 2 ** 64:
+        raise ValueError(f"{what}: {value} is not a memory address")
+    return <uintptr_t>value
+
+
+cdef int lay_out(segments, wire_dtype, vector[PackSegment]& rows,
+                 PackTable* table) except -1:
+    """Checks `segments` and lays them out in `table`."""
+    cdef PackSegment row
+    cdef DType wire = dtype_code(wire_dtype, "wire_dtype")
+    rows.clear()
+    for i, segment in enumerate(segments):
+        what = f"segments[{i}]"
+        if not isinstance(segment, (tuple, list)) or len(segment) != 4:
+            raise ValueError(
+                f"{what} must be a tuple (address, dtype, offset, count), "
+                f"not {segment!r}")
+        address, dtype, offset, count = segment
+        if offset < 0 or count < 0:
+            raise ValueError(
+                f"{what}: offset and count must not be negative "
+                f"(offset {offset}, count {count})")
+        row.tensor = <const void*>address_of(address, what)
+        row.dtype = dtype_code(dtype, what)
+        row.offset = offset
+        row.count = count
+        rows.push_back(row)
+    CHKSTATUS(build_pack_table(rows.data(), rows.size(), wire, table))
+    return 0
+
+
+def layout(segments, wire_dtype):
+    """Where each segment lies in its bucket.
+
+    Args:
+        segments (list of tuple): ``(address, dtype, offset, count)`` each.
+        wire_dtype (str or numpy dtype): the bucket's dtype.
+
+    Returns:
+        tuple: the element offset of each segment in the bucket, and the
+        bucket's length in elements.
+    """
+    cdef vector[PackSegment] rows
+    cdef PackTable table
+    cdef PackSegment row
+    cdef size_t k = 0
+    lay_out(segments, wire_dtype, rows, &table)
+    offsets = []
+    for row in rows:
+        if k < table.entries.size():
+            offsets.append(table.entries[k].bucket_offset)
+        else:
+            offsets.append(table.count)
+        if row.count > 0:
+            k += 1
+    return offsets, table.count
+
+
+def pack(segments, bucket, wire_dtype, float scale=1.0):
+    """Packs host segments into a host bucket: ``bucket = segments * scale``.
+
+    Args:
+        segments (list of tuple): ``(address, dtype, offset, count)`` each.
+        bucket (int): address of the bucket, ``layout(...)[1]`` elements of
+            ``wire_dtype``.
+        wire_dtype (str or numpy dtype): the bucket's dtype.
+        scale (float): multiplies every element.
+    """
+    cdef vector[PackSegment] rows
+    cdef PackTable table
+    lay_out(segments, wire_dtype, rows, &table)
+    cdef void* out = <void*>address_of(bucket, "bucket")
+    cdef DType wire = dtype_code(wire_dtype, "wire_dtype")
+    cdef Status status
+    with nogil:
+        status = pack_host(table, out, wire, scale)
+    CHKSTATUS(status)
+
+
+def unpack(segments, bucket, wire_dtype, float scale=1.0, int divisor=1):
+    """Unpacks a host bucket into its segments:
+    ``segments = bucket * scale / divisor``.
+
+    Args:
+        segments (list of tuple): ``(address, dtype, offset, count)`` each;
+            address 0 is left out.
+        bucket (int): address of the bucket.
+        wire_dtype (str or numpy dtype): the bucket's dtype.
+        scale (float): multiplies every element.
+        divisor (int): divides every element (1 or more).
+    """
+    cdef vector[PackSegment] rows
+    cdef PackTable table
+    lay_out(segments, wire_dtype, rows, &table)
+    cdef const void* src = <const void*>address_of(bucket, "bucket")
+    cdef DType wire = dtype_code(wire_dtype, "wire_dtype")
+    cdef Status status
+    with nogil:
+        status = unpack_host(table, src, wire, scale, divisor)
+    CHKSTATUS(status)
+
+
+cdef class CudaPacker:
+    """Packs and unpacks buckets on the current CUDA device, one kernel launch
+    per bucket, with the semantics of :func:`pack` and :func:`unpack`
+    (float32, float16 and bfloat16 only).
+
+    Launches are asynchronous on the given stream. A packer keeps its segment
+    table in device memory and uploads it again only when it changes; one
+    packer's launches run in the order they were issued, so use one packer
+    per stream to pack on several streams at once.
+
+    Example:
+
+        .. code-block:: python
+
+            import cupy as cp
+            from nncomm import packing
+
+            grads = [cp.ones(1000, cp.float32), cp.ones(10, cp.float32)]
+            bucket = cp.empty(1010, cp.float16)
+            segments = [(g.data.ptr, 'float32', 0, g.size) for g in grads]
+            packer = packing.CudaPacker()
+            stream = cp.cuda.Stream()
+            packer.pack(segments, bucket.data.ptr, 'float16', scale=0.5,
+                        stream=stream.ptr)
+            stream.synchronize()
+    """
+    cdef unique_ptr[CppCudaPacker] packer
+    cdef vector[PackSegment] rows
+    cdef PackTable table
+
+    def __cinit__(self):
+        cdef Status status
+        with nogil:
+            status = CppCudaPacker.Create(&self.packer)
+        CHKSTATUS(status)
+
+    def pack(self, segments, bucket, wire_dtype, float scale=1.0, stream=0,
+             event=0):
+        """Enqueues ``bucket = segments * scale`` on ``stream``.
+
+        Args:
+            segments (list of tuple): ``(address, dtype, offset, count)`` each,
+                device addresses.
+            bucket (int): device address of the bucket.
+            wire_dtype (str): the bucket's dtype.
+            scale (float): multiplies every element.
+            stream (int): a ``cudaStream_t`` (``cupy.cuda.Stream().ptr``);
+                0 is the legacy default stream.
+            event (int): a ``cudaEvent_t`` the launch waits for; 0 for none.
+        """
+        lay_out(segments, wire_dtype, self.rows, &self.table)
+        cdef void* out = <void*>address_of(bucket, "bucket")
+        cdef DType wire = dtype_code(wire_dtype, "wire_dtype")
+        cdef CudaStream s = <CudaStream>address_of(stream, "stream")
+        cdef CudaEvent e = <CudaEvent>address_of(event, "event")
+        cdef Status status
+        with nogil:
+            status = self.packer.get().pack(self.table, out, wire, scale, s, e)
+        CHKSTATUS(status)
+
+    def unpack(self, segments, bucket, wire_dtype, float scale=1.0,
+               int divisor=1, stream=0, event=0):
+        """Enqueues ``segments = bucket * scale / divisor`` on ``stream``.
+
+        Args:
+            segments (list of tuple): ``(address, dtype, offset, count)`` each,
+                device addresses; address 0 is left out.
+            bucket (int): device address of the bucket.
+            wire_dtype (str): the bucket's dtype.
+            scale (float): multiplies every element.
+            divisor (int): divides every element (1 or more).
+            stream (int): a ``cudaStream_t``; 0 is the legacy default stream.
+            event (int): a ``cudaEvent_t`` the launch waits for; 0 for none.
+        """
+        lay_out(segments, wire_dtype, self.rows, &self.table)
+        cdef const void* src = <const void*>address_of(bucket, "bucket")
+        cdef DType wire = dtype_code(wire_dtype, "wire_dtype")
+        cdef CudaStream s = <CudaStream>address_of(stream, "stream")
+        cdef CudaEvent e = <CudaEvent>address_of(event, "event")
+        cdef Status status
+        with nogil:
+            status = self.packer.get().unpack(self.table, src, wire, scale,
+                                              divisor, s, e)
+        CHKSTATUS(status)

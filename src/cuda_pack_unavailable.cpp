@@ -1,0 +1,37 @@
+// CudaPacker in a build without nvcc: every entry point says why there are
+// no kernels, so a caller gets a clear error instead of a missing symbol.
+#include "nncomm/cuda_pack.hpp"
+
+namespace nncomm {
+
+namespace {
+Status unavailable() {
+  return Status::RuntimeError(
+      "nncomm was built without CUDA (nvcc was not found at build time, or "
+      "NNCOMM_CUDA=0); rebuild with nvcc on PATH or NNCOMM_CUDA=1");
+}
+} // namespace
+
+struct CudaPacker::Device {};
+
+bool cuda_packing_built() { return false; }
+
+Status CudaPacker::Create(std::unique_ptr<CudaPacker> *) {
+  return unavailable();
+}
+
+CudaPacker::CudaPacker(std::unique_ptr<Device> device)
+    : device_(std::move(device)) {}
+CudaPacker::~CudaPacker() = default;
+
+Status CudaPacker::pack(const PackTable &, void *, DType, float, CudaStream,
+                        CudaEvent) {
+  return unavailable();
+}
+
+Status CudaPacker::unpack(const PackTable &, const void *, DType, float, int,
+                          CudaStream, CudaEvent) {
+  return unavailable();
+}
+
+} // namespace nncomm

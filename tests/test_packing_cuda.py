@@ -1,0 +1,620 @@
+"""nncomm.packing.CudaPacker on a GPU: every result must be bit for bit what
+the host twin (packing.pack / packing.unpack on host copies of the same
+data) gives, for float32, float16 and bfloat16 (held as uint16 bit
+patterns); float16/bfloat16 results also stay within their rounding bound
+of a float64 reference. Needs CuPy, a CUDA device and an nvcc build;
+skipped otherwise.
+"""
+import zlib
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+cupy = pytest.importorskip("cupy")
+try:
+    _DEVICES = cupy.cuda.runtime.getDeviceCount()
+except Exception:  # no driver, no runtime, no device
+    _DEVICES = 0
+if _DEVICES == 0:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from nncomm import packing  # noqa: E402
+
+if not packing.cuda_built:
+    pytest.skip("nncomm.packing was built without nvcc",
+                allow_module_level=True)
+
+DEVICE = ["float32", "float16", "bfloat16"]
+STORAGE = {"float32": np.float32, "float16": np.float16,
+           "bfloat16": np.uint16, "float64": np.float64,
+           "int32": np.int32}
+UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+SIZES = [1, 3, 7, 1023, 4097]
+SCALES = [1.0, 0.5, 3.0, -1.25]
+DIVISORS = [1, 2, 3, 7]
+GUARD = 5  # elements after a bucket that must stay as they were
+TILE = packing.TILE_ELEMENTS
+
+
+# --- values ------------------------------------------------------------------
+
+def bf16_to_f32(b):
+    return (np.asarray(b, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(f):
+    f = np.asarray(f, np.float32)
+    u = f.view(np.uint32).astype(np.uint64)
+    b = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(f), np.uint16(0x7FFF), b)
+
+
+def to_f64(x, dtype):
+    if dtype == "bfloat16":
+        return bf16_to_f32(x).astype(np.float64)
+    return np.asarray(x).astype(np.float64)
+
+
+def random_values(n, dtype, rng):
+    """`n` values representable in `dtype`, magnitudes 2**-12 to ~2**10
+    (float16 subnormals included), about 1% exact zeros."""
+    v = rng.standard_normal(n) * np.exp2(rng.integers(-12, 9, n))
+    v[rng.random(n) < 0.01] = 0.0
+    if dtype == "bfloat16":
+        return f32_to_bf16(v.astype(np.float32))
+    return v.astype(STORAGE[dtype])
+
+
+def rng_for(*key):
+    """A generator seeded from a test's parameters (the same every run)."""
+    return np.random.default_rng([zlib.crc32(repr(k).encode()) for k in key])
+
+
+def assert_bits(got, want, what):
+    assert got.shape == want.shape and got.dtype == want.dtype, what
+    g = got.view(UINT[got.itemsize])
+    w = want.view(UINT[want.itemsize])
+    bad = np.flatnonzero(g != w)
+    if bad.size:
+        i = bad[0]
+        pytest.fail(f"{what}: {bad.size} of {g.size} elements differ from "
+                    f"the host twin; first at [{i}]: device {int(g[i]):#x}, "
+                    f"host {int(w[i]):#x}")
+
+
+def synchronize():
+    cupy.cuda.Device().synchronize()
+
+
+# --- tensors on both sides ---------------------------------------------------
+
+class Tensor:
+    """`n` elements of `dtype` at element `shift` of a larger random array,
+    once on the host and once (the same bits) on the device."""
+
+    def __init__(self, n, dtype, rng, shift=0, pad=3):
+        self.n, self.dtype, self.shift = n, dtype, shift
+        self.host = random_values(shift + n + pad, dtype, rng)
+        self.dev = cupy.asarray(self.host)
+
+    def host_view(self):
+        return self.host[self.shift:self.shift + self.n]
+
+    def dev_view(self):
+        return self.dev[self.shift:self.shift + self.n]
+
+    def check(self, what):
+        assert_bits(self.dev.get(), self.host, what)
+
+
+def segments(specs, side):
+    """specs: (Tensor or None, dtype, offset, count) -> the API's tuples
+    for the host ("host") or device ("dev") copies; None is address 0."""
+    out = []
+    for t, dt, off, c in specs:
+        if t is None:
+            out.append((0, dt, off, c))
+        elif side == "host":
+            out.append((t.host_view().ctypes.data, dt, off, c))
+        else:
+            out.append((t.dev_view().data.ptr, dt, off, c))
+    return out
+
+
+class Bucket:
+    """A bucket of `n` wire elements at element `shift` of an array, on
+    both sides, GUARD elements of it after the bucket; 0xA5 bytes unless
+    given random content."""
+
+    def __init__(self, n, wire, shift=1, rng=None):
+        self.n, self.shift = n, shift
+        self.host = np.empty(shift + n + GUARD, STORAGE[wire])
+        self.host.view(np.uint8)[:] = 0xA5
+        if rng is not None:
+            self.host[shift:shift + n] = random_values(n, wire, rng)
+        self.dev = cupy.asarray(self.host)
+
+    @property
+    def host_address(self):
+        return self.host[self.shift:].ctypes.data
+
+    @property
+    def dev_address(self):
+        return self.dev[self.shift:].data.ptr
+
+    def host_view(self):
+        return self.host[self.shift:self.shift + self.n]
+
+    def dev_view(self):
+        return self.dev[self.shift:self.shift + self.n]
+
+    def check(self, what):
+        assert_bits(self.dev.get(), self.host, what)
+
+
+def total_of(specs):
+    return sum(c for *_, c in specs)
+
+
+def twin_pack(packer, specs, wire, scale=1.0, shift=1, stream=0, event=0,
+              bucket=None):
+    """Packs `specs` on both sides into `bucket` (by default a fresh one);
+    checks they agree (guard included) and that the sources are unchanged.
+    With a bucket given, it neither synchronizes nor checks: the caller
+    does, on its stream."""
+    given = bucket is not None
+    if not given:
+        bucket = Bucket(total_of(specs), wire, shift)
+        synchronize()
+    packing.pack(segments(specs, "host"), bucket.host_address, wire,
+                 scale=scale)
+    packer.pack(segments(specs, "dev"), bucket.dev_address, wire,
+                scale=scale, stream=stream, event=event)
+    if not given:
+        synchronize()
+        bucket.check(f"pack into {wire}, scale {scale}")
+        for t in {id(t): t for t, *_ in specs if t is not None}.values():
+            t.check("pack left its source alone")
+    return bucket
+
+
+def twin_unpack(packer, specs, bucket, wire, scale=1.0, divisor=1, stream=0,
+                event=0):
+    """Unpacks `bucket` (both sides) into `specs`; checks every destination
+    array agrees with the host twin, and the bucket is unchanged."""
+    tensors = {id(t): t for t, *_ in specs if t is not None}
+    packing.unpack(segments(specs, "host"), bucket.host_address, wire,
+                   scale=scale, divisor=divisor)
+    synchronize()
+    packer.unpack(segments(specs, "dev"), bucket.dev_address, wire,
+                  scale=scale, divisor=divisor, stream=stream, event=event)
+    synchronize()
+    for t in tensors.values():
+        t.check(f"unpack {wire} into {t.dtype}, scale {scale}, "
+                f"divisor {divisor}")
+    bucket.check("unpack left the bucket alone")
+
+
+def split_specs(rng, dtype, sizes=SIZES):
+    """One tensor of each size (device views at shifts 0..4 elements); the
+    larger cut into pieces at random points, in shuffled order, one covered
+    only in its middle. No two segments overlap."""
+    specs = []
+    for k, n in enumerate(sizes):
+        t = Tensor(n, dtype, rng, shift=(1, 0, 3, 2, 4)[k % 5])
+        if n < 7:
+            specs.append((t, dtype, 0, n))
+            continue
+        if k % 2:
+            lo, hi = 1 + int(rng.integers(n // 3)), n - 1 - int(
+                rng.integers(n // 3))
+        else:
+            lo, hi = 0, n
+        cuts = sorted({lo, hi, *(int(c) for c in rng.integers(lo, hi, 2))})
+        pieces = [(t, dtype, a, b - a) for a, b in zip(cuts, cuts[1:])]
+        rng.shuffle(pieces)
+        specs.extend(pieces)
+    rng.shuffle(specs)
+    return specs
+
+
+@pytest.fixture(scope="module")
+def packer():
+    return packing.CudaPacker()
+
+
+# --- every (source, wire) pair -----------------------------------------------
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("wire", DEVICE)
+@pytest.mark.parametrize("src", DEVICE)
+def test_pack_matches_host(packer, src, wire, scale):
+    twin_pack(packer, split_specs(rng_for("pack", src, wire, scale), src),
+              wire, scale)
+
+
+@pytest.mark.parametrize("divisor", DIVISORS)
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("dst", DEVICE)
+@pytest.mark.parametrize("wire", DEVICE)
+def test_unpack_matches_host(packer, wire, dst, scale, divisor):
+    rng = rng_for("unpack", wire, dst, scale, divisor)
+    specs = split_specs(rng, dst)
+    bucket = Bucket(total_of(specs), wire, shift=3, rng=rng)
+    twin_unpack(packer, specs, bucket, wire, scale, divisor)
+
+
+@pytest.mark.parametrize("wire", DEVICE)
+def test_mixed_dtypes_in_one_bucket(packer, wire):
+    rng = rng_for("mixed", wire)
+    specs = []
+    for dt in DEVICE:
+        specs += split_specs(rng, dt, [3, 1023, 4097])
+    rng.shuffle(specs)
+    twin_pack(packer, specs, wire, 0.5)
+    bucket = Bucket(total_of(specs), wire, rng=rng)
+    twin_unpack(packer, specs, bucket, wire, -1.25, 3)
+
+
+ODD_SIZES = sorted({1, 2, 3, 5, 7, 8, 9, 15, 17, 31, 33, 127, 129, 1023,
+                    4097, 65537, TILE - 1, TILE, TILE + 1, 3 * TILE + 5,
+                    (1 << 20) + 3} - {0})  # TILE - 1 is 0 if TILE is 1
+
+
+@pytest.mark.parametrize("wire", DEVICE)
+@pytest.mark.parametrize("n", ODD_SIZES)
+def test_odd_sizes_at_odd_addresses(packer, n, wire):
+    """Sizes around vector widths and the tile size, at device addresses
+    that are views at odd element offsets (`arr[1:].data.ptr`)."""
+    rng = rng_for("odd", n, wire)
+    for shift in (0, 1, 3):
+        src = DEVICE[(n + shift) % 3]
+        t = Tensor(n, src, rng, shift=shift)
+        twin_pack(packer, [(t, src, 0, n)], wire, 3.0, shift=(shift + 1) % 4)
+        bucket = Bucket(n, wire, shift=(shift + 2) % 4, rng=rng)
+        twin_unpack(packer, [(t, src, 0, n)], bucket, wire, 0.5, 3)
+
+
+def test_misaligned_views(packer):
+    """Tensors and buckets at arr[1:] (2-byte aligned for 16-bit dtypes,
+    4-byte for float32), several segments starting at odd offsets."""
+    rng = rng_for("views")
+    for src in DEVICE:
+        for wire in DEVICE:
+            t = Tensor(1001, src, rng, shift=1)
+            specs = [(t, src, 1, 333), (t, src, 334, 1), (t, src, 335, 665)]
+            twin_pack(packer, specs, wire, -1.25, shift=1)
+            bucket = Bucket(999, wire, shift=1, rng=rng)
+            twin_unpack(packer, specs, bucket, wire, 1.0, 7)
+
+
+# --- rounding bound against float64 ------------------------------------------
+
+BOUNDS = {"float16": (2.0**-11, 2.0**-14, 65504.0),
+          "bfloat16": (2.0**-8, 2.0**-126, 3.3895313892515355e38)}
+
+
+@pytest.mark.parametrize("narrow", ["float16", "bfloat16"])
+def test_rounding_within_bound(packer, narrow):
+    """Within the normal range, float16 results are within 2**-11 and
+    bfloat16 within 2**-8 (relative) of x * scale / divisor computed in
+    float64; the small extra allowance is the float32 intermediate's own
+    rounding."""
+    unit, smallest, largest = BOUNDS[narrow]
+    rng = rng_for("bound", narrow)
+    n = 100003
+    for scale, divisor in [(1.0, 1), (0.5, 3), (3.0, 7), (-1.25, 2)]:
+        t = Tensor(n, "float32", rng, shift=1)
+        bucket = twin_pack(packer, [(t, "float32", 0, n)], narrow, scale)
+        checks = [(to_f64(bucket.dev_view().get(), narrow),
+                   to_f64(t.host_view(), "float32") * scale)]
+        source = Bucket(n, "float32", rng=rng)
+        d = Tensor(n, narrow, rng, shift=1)
+        twin_unpack(packer, [(d, narrow, 0, n)], source, "float32", scale,
+                    divisor)
+        checks.append((to_f64(d.dev_view().get(), narrow),
+                       to_f64(source.host_view(), "float32") * scale /
+                       divisor))
+        for got, ref in checks:
+            normal = (np.abs(ref) >= smallest) & (np.abs(ref) <= largest)
+            assert normal.sum() > n // 2
+            err = np.abs(got[normal] - ref[normal])
+            bound = (unit + 2.0**-20) * np.abs(ref[normal])
+            worst = np.argmax(err / bound)
+            assert (err <= bound).all(), (
+                f"{narrow}, scale {scale}, divisor {divisor}: "
+                f"{ref[normal][worst]!r} became {got[normal][worst]!r}")
+
+
+# --- streams and events ------------------------------------------------------
+
+_SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+}
+"""
+SPIN_CYCLES = 600_000_000  # a few hundred milliseconds
+
+
+def spin(stream):
+    kernel = cupy.RawKernel(_SPIN, "spin")
+    with stream:
+        kernel((1,), (1,), (np.int64(SPIN_CYCLES),))
+
+
+@pytest.mark.parametrize("wire", DEVICE)
+def test_pack_waits_for_the_event_on_its_stream(packer, wire):
+    """The source is written on another stream after a long kernel; pack on
+    a third stream, given the event recorded after the write, must see the
+    new values."""
+    rng = rng_for("event pack", wire)
+    writer = cupy.cuda.Stream(non_blocking=True)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    t = Tensor(40000, "float32", rng, shift=1)
+    new = random_values(t.n, "float32", rng)
+    new_dev = cupy.asarray(new)
+    t.host_view()[:] = new  # the host twin sees the new values at once
+    specs = [(t, "float32", 0, 20000), (t, "float32", 20000, 20000)]
+    bucket = Bucket(t.n, wire, shift=1)
+    synchronize()
+    spin(writer)
+    with writer:
+        t.dev_view()[...] = new_dev
+    event = cupy.cuda.Event()
+    event.record(writer)
+    assert not event.done, "the writer finished too soon to show anything"
+    twin_pack(packer, specs, wire, 0.5, stream=stream.ptr, event=event.ptr,
+              bucket=bucket)
+    stream.synchronize()
+    bucket.check("pack after the event")
+    writer.synchronize()
+
+
+@pytest.mark.parametrize("dst", DEVICE)
+def test_unpack_waits_for_the_event_on_its_stream(packer, dst):
+    rng = rng_for("event unpack", dst)
+    writer = cupy.cuda.Stream(non_blocking=True)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    n = 40000
+    bucket = Bucket(n, "float32", shift=1)
+    new = random_values(n, "float32", rng)
+    new_dev = cupy.asarray(new)
+    bucket.host_view()[:] = new
+    d = Tensor(n, dst, rng, shift=1)
+    synchronize()
+    spin(writer)
+    with writer:
+        bucket.dev_view()[...] = new_dev
+    event = cupy.cuda.Event()
+    event.record(writer)
+    assert not event.done, "the writer finished too soon to show anything"
+    specs = [(d, dst, 0, n)]
+    packing.unpack(segments(specs, "host"), bucket.host_address, "float32",
+                   scale=3.0, divisor=3)
+    packer.unpack(segments(specs, "dev"), bucket.dev_address, "float32",
+                  scale=3.0, divisor=3, stream=stream.ptr, event=event.ptr)
+    stream.synchronize()
+    d.check("unpack after the event")
+    writer.synchronize()
+
+
+def test_work_goes_on_the_given_stream(packer):
+    """A write queued on a non-blocking stream behind a long kernel, then
+    pack and unpack on that same stream without an event: stream order
+    alone must make them see the write (on the legacy default stream they
+    would not)."""
+    rng = rng_for("stream order")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    t = Tensor(30000, "float16", rng, shift=3)
+    new = random_values(t.n, "float16", rng)
+    new_dev = cupy.asarray(new)
+    t.host_view()[:] = new
+    specs = [(t, "float16", 0, t.n)]
+    bucket = Bucket(t.n, "bfloat16", shift=1)
+    synchronize()
+    spin(stream)
+    with stream:
+        t.dev_view()[...] = new_dev
+    twin_pack(packer, specs, "bfloat16", -1.25, stream=stream.ptr,
+              bucket=bucket)
+    stream.synchronize()
+    bucket.check("pack in stream order")
+
+    # And unpack, of a bucket written in the same way.
+    new = random_values(t.n, "bfloat16", rng)
+    new_dev = cupy.asarray(new)
+    bucket.host_view()[:] = new
+    d = Tensor(t.n, "float32", rng)
+    synchronize()
+    spin(stream)
+    with stream:
+        bucket.dev_view()[...] = new_dev
+    specs = [(d, "float32", 0, t.n)]
+    packing.unpack(segments(specs, "host"), bucket.host_address, "bfloat16",
+                   divisor=7)
+    packer.unpack(segments(specs, "dev"), bucket.dev_address, "bfloat16",
+                  divisor=7, stream=stream.ptr)
+    stream.synchronize()
+    d.check("unpack in stream order")
+
+
+# --- one packer, many tables -------------------------------------------------
+
+def test_one_packer_many_tables(packer):
+    """The same CudaPacker for many buckets whose tables differ (in length,
+    addresses, offsets, counts, dtypes), coming back to earlier ones: each
+    result is the host twin's, and a changed table changes the result."""
+    rng = rng_for("tables")
+    raw = {}
+    cursor = [0] * 6
+    for name, n in [("A", 60), ("B", 3), ("C", 3000)]:
+        pieces = []
+        for _ in range(n):
+            k, g = int(rng.integers(6)), int(rng.integers(1, 4))
+            c = int(rng.integers(1, 33))
+            pieces.append((k, cursor[k] + g, c))
+            cursor[k] += g + c
+        raw[name] = pieces
+    size = max(cursor) + 8
+    pool = [Tensor(size, DEVICE[k % 3], rng, shift=k % 4) for k in range(6)]
+    spare = {dt: Tensor(size, dt, rng, shift=1) for dt in DEVICE}
+    tables = {name: [(pool[k], pool[k].dtype, off, c) for k, off, c in p]
+              for name, p in raw.items()}
+    a = tables["A"]
+    t7, dt7, off7, c7 = a[7]
+    t8, dt8, off8, c8 = a[8]
+    other = DEVICE[(DEVICE.index(dt7) + 1) % 3]
+    tables.update({
+        # the same shape, one segment one element further on
+        "A offset": a[:7] + [(t7, dt7, off7 + 1, c7)] + a[8:],
+        # one segment in another tensor of its dtype
+        "A address": a[:7] + [(spare[dt7], dt7, off7, c7)] + a[8:],
+        # the same total, one element moved from one segment to the next
+        "A counts": a[:7] + [(t7, dt7, off7, c7 - 1),
+                             (t8, dt8, off8, c8 + 1)] + a[9:],
+        # one segment of another dtype
+        "A dtype": a[:7] + [(spare[other], other, off7, c7)] + a[8:],
+        # with address 0 and empty segments
+        "A holes": a[:7] + [(None, dt7, 0, c7), (t8, dt8, off8, 0)] + a[9:],
+    })
+    order = ["A", "A", "A offset", "B", "A", "C", "A address", "A counts",
+             "B", "A dtype", "C", "A holes", "A", "A offset", "A"]
+    for wire in DEVICE:
+        for i, name in enumerate(order):
+            specs = tables[name]
+            twin_pack(packer, specs, wire, SCALES[i % 4])
+            back = Bucket(total_of(specs), wire, rng=rng)
+            twin_unpack(packer, specs, back, wire, 1.0, DIVISORS[i % 4])
+        # Every variant of A packs differently from A at the same scale.
+        for name in ["A offset", "A address", "A counts", "A dtype",
+                     "A holes"]:
+            specs = tables[name]
+            got = twin_pack(packer, specs, wire).dev_view().get()
+            base = twin_pack(packer, a, wire).dev_view().get()
+            assert got.view(UINT[got.itemsize]).tolist() != \
+                base.view(UINT[base.itemsize]).tolist(), name
+
+
+# --- many segments, split tensors, holes -------------------------------------
+
+@pytest.mark.parametrize("wire", DEVICE)
+def test_ten_thousand_segments_in_one_bucket(packer, wire):
+    rng = rng_for("10000", wire)
+    n = 10000
+    which = rng.integers(0, 6, n)
+    counts = rng.integers(0, 17, n)
+    gaps = rng.integers(0, 3, n)
+    cursor = [0] * 6
+    pieces = []
+    for k, c, g in zip(which, counts, gaps):
+        pieces.append((int(k), cursor[k] + int(g), int(c)))
+        cursor[k] += int(g) + int(c)
+    pool = [Tensor(cursor[k] + 1, DEVICE[k % 3], rng, shift=k % 4)
+            for k in range(6)]
+    specs = [(pool[k], pool[k].dtype, off, c) for k, off, c in pieces]
+    for i in range(0, n, 97):  # some holes: address 0
+        specs[i] = (None, specs[i][1], 0, specs[i][3])
+    assert len(specs) == n
+    twin_pack(packer, specs, wire, 0.5)
+    bucket = Bucket(total_of(specs), wire, rng=rng)
+    twin_unpack(packer, specs, bucket, wire, 1.0, 3)
+
+
+LOSSLESS = [("float32", "float32"), ("float16", "float16"),
+            ("bfloat16", "bfloat16"), ("float16", "float32"),
+            ("bfloat16", "float32")]
+
+
+@pytest.mark.parametrize("dtype,wire", LOSSLESS)
+def test_tensor_split_across_two_buckets(packer, dtype, wire):
+    """Three tensors cut across two buckets; unpacked on the device into
+    fresh tensors they come back bit for bit."""
+    rng = rng_for("split", dtype, wire)
+    t = Tensor(4097, dtype, rng, shift=1)
+    u = Tensor(1023, dtype, rng, shift=3)
+    v = Tensor(7, dtype, rng, shift=2)
+    plan = [[(t, 0, 1000), (u, 0, 500), (t, 1000, 1500)],
+            [(v, 0, 7), (t, 2500, 1597), (u, 500, 523)]]
+    buckets = [twin_pack(packer, [(x, dtype, o, c) for x, o, c in b], wire)
+               for b in plan]
+    fresh = {id(x): Tensor(x.n, dtype, rng, shift=x.shift) for x in (t, u, v)}
+    for b, bucket in zip(plan, buckets):
+        twin_unpack(packer, [(fresh[id(x)], dtype, o, c) for x, o, c in b],
+                    bucket, wire)
+    for x in (t, u, v):
+        assert_bits(fresh[id(x)].dev_view().get(), x.host_view(),
+                    "round trip")
+
+
+@pytest.mark.parametrize("wire", DEVICE)
+def test_address_zero_and_empty_segments(packer, wire):
+    """Address 0: zeros on pack, skipped on unpack; empty segments take no
+    room."""
+    rng = rng_for("holes", wire)
+    a = Tensor(9, "float32", rng, shift=1)
+    b = Tensor(300, "bfloat16", rng, shift=3)
+    specs = [(None, "float16", 0, 7), (a, "float32", 2, 5),
+             (a, "float32", 0, 0), (None, "float32", 4, 1),
+             (b, "bfloat16", 1, 299), (None, "float16", 0, 0),
+             (None, "bfloat16", 0, 1000), (a, "float32", 7, 2),
+             (b, "bfloat16", 300, 0)]
+    bucket = twin_pack(packer, specs, wire, -1.25)
+    assert not bucket.dev_view()[:7].get().view(UINT[2 if wire != "float32"
+                                                      else 4]).any()
+    back = Bucket(total_of(specs), wire, rng=rng)
+    twin_unpack(packer, specs, back, wire, 0.5, 2)
+    empty = [(a, "float32", 3, 0), (None, "float16", 0, 0)]
+    twin_pack(packer, empty, wire)
+    twin_unpack(packer, empty, Bucket(0, wire), wire, 2.0, 2)
+    twin_pack(packer, [], wire)
+
+
+# --- errors ------------------------------------------------------------------
+
+def device_calls(packer, segs, wire="float32", scale=1.0, divisor=1):
+    bucket = cupy.zeros(64, np.float64)
+    yield lambda: packer.pack(segs, bucket.data.ptr, wire, scale=scale)
+    yield lambda: packer.unpack(segs, bucket.data.ptr, wire, scale=scale,
+                                divisor=divisor)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int32", "int8", "float8"])
+def test_device_refuses_other_dtypes(packer, dtype):
+    x = cupy.zeros(64, np.float64)
+    for call in device_calls(packer, [(x.data.ptr, dtype, 0, 4)]):
+        with pytest.raises(ValueError, match="(?i)dtype|float64|int"):
+            call()
+    y = cupy.zeros(64, np.float32)
+    for call in device_calls(packer, [(y.data.ptr, "float32", 0, 4)], dtype):
+        with pytest.raises(ValueError, match="(?i)dtype|float64|int"):
+            call()
+
+
+def test_device_errors(packer):
+    x = cupy.zeros(64, np.float32)
+    h = cupy.zeros(64, np.float16)
+    cases = [
+        ([(x.data.ptr + 2, "float32", 0, 4)], "align"),
+        ([(h.data.ptr + 1, "bfloat16", 0, 4)], "align"),
+        ([(x.data.ptr, "float32", -1, 4)], "offset|negative"),
+        ([(x.data.ptr, "float32", 0, -4)], "count|negative"),
+        ([(x.data.ptr, "float32", 0)], "segment|tuple|length"),
+        ([(x.data.ptr, "float32", 0, 4, 0)], "segment|tuple|length"),
+        ([(x.data.ptr, "floot32", 0, 4)], "dtype"),
+    ]
+    for segs, word in cases:
+        for call in device_calls(packer, segs):
+            with pytest.raises(ValueError, match=f"(?i){word}"):
+                call()
+    bucket = cupy.zeros(64, np.float32)
+    seg = [(x.data.ptr, "float32", 0, 4)]
+    for divisor in (0, -3):
+        with pytest.raises(ValueError, match="(?i)divisor"):
+            packer.unpack(seg, bucket.data.ptr, "float32", divisor=divisor)
+    with pytest.raises(ValueError, match="(?i)align"):
+        packer.pack(seg, bucket.data.ptr + 2, "float32")
+    with pytest.raises(ValueError, match="(?i)align"):
+        packer.unpack(seg, bucket.data.ptr + 1, "float16")
