@@ -5,10 +5,13 @@ patterns); float16/bfloat16 results also stay within their rounding bound
 of a float64 reference. Needs CuPy, a CUDA device and an nvcc build;
 skipped otherwise.
 """
-import zlib
-
 import numpy as np
 import pytest
+
+from packing_reference import (DIVISORS, GUARD, LOSSLESS, SCALES, STORAGE,
+                               UINT, assert_bits, many_specs, random_values,
+                               rng_for, split_across_two_buckets,
+                               split_specs, to_float)
 
 pytestmark = pytest.mark.gpu
 
@@ -27,61 +30,13 @@ if not packing.cuda_built:
                 allow_module_level=True)
 
 DEVICE = ["float32", "float16", "bfloat16"]
-STORAGE = {"float32": np.float32, "float16": np.float16,
-           "bfloat16": np.uint16, "float64": np.float64,
-           "int32": np.int32}
-UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
-SIZES = [1, 3, 7, 1023, 4097]
-SCALES = [1.0, 0.5, 3.0, -1.25]
-DIVISORS = [1, 2, 3, 7]
-GUARD = 5  # elements after a bucket that must stay as they were
 TILE = packing.TILE_ELEMENTS
 
 
 # --- values ------------------------------------------------------------------
 
-def bf16_to_f32(b):
-    return (np.asarray(b, np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-def f32_to_bf16(f):
-    f = np.asarray(f, np.float32)
-    u = f.view(np.uint32).astype(np.uint64)
-    b = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(np.isnan(f), np.uint16(0x7FFF), b)
-
-
 def to_f64(x, dtype):
-    if dtype == "bfloat16":
-        return bf16_to_f32(x).astype(np.float64)
-    return np.asarray(x).astype(np.float64)
-
-
-def random_values(n, dtype, rng):
-    """`n` values representable in `dtype`, magnitudes 2**-12 to ~2**10
-    (float16 subnormals included), about 1% exact zeros."""
-    v = rng.standard_normal(n) * np.exp2(rng.integers(-12, 9, n))
-    v[rng.random(n) < 0.01] = 0.0
-    if dtype == "bfloat16":
-        return f32_to_bf16(v.astype(np.float32))
-    return v.astype(STORAGE[dtype])
-
-
-def rng_for(*key):
-    """A generator seeded from a test's parameters (the same every run)."""
-    return np.random.default_rng([zlib.crc32(repr(k).encode()) for k in key])
-
-
-def assert_bits(got, want, what):
-    assert got.shape == want.shape and got.dtype == want.dtype, what
-    g = got.view(UINT[got.itemsize])
-    w = want.view(UINT[want.itemsize])
-    bad = np.flatnonzero(g != w)
-    if bad.size:
-        i = bad[0]
-        pytest.fail(f"{what}: {bad.size} of {g.size} elements differ from "
-                    f"the host twin; first at [{i}]: device {int(g[i]):#x}, "
-                    f"host {int(w[i]):#x}")
+    return to_float(x, dtype).astype(np.float64)
 
 
 def synchronize():
@@ -197,29 +152,6 @@ def twin_unpack(packer, specs, bucket, wire, scale=1.0, divisor=1, stream=0,
     bucket.check("unpack left the bucket alone")
 
 
-def split_specs(rng, dtype, sizes=SIZES):
-    """One tensor of each size (device views at shifts 0..4 elements); the
-    larger cut into pieces at random points, in shuffled order, one covered
-    only in its middle. No two segments overlap."""
-    specs = []
-    for k, n in enumerate(sizes):
-        t = Tensor(n, dtype, rng, shift=(1, 0, 3, 2, 4)[k % 5])
-        if n < 7:
-            specs.append((t, dtype, 0, n))
-            continue
-        if k % 2:
-            lo, hi = 1 + int(rng.integers(n // 3)), n - 1 - int(
-                rng.integers(n // 3))
-        else:
-            lo, hi = 0, n
-        cuts = sorted({lo, hi, *(int(c) for c in rng.integers(lo, hi, 2))})
-        pieces = [(t, dtype, a, b - a) for a, b in zip(cuts, cuts[1:])]
-        rng.shuffle(pieces)
-        specs.extend(pieces)
-    rng.shuffle(specs)
-    return specs
-
-
 @pytest.fixture(scope="module")
 def packer():
     return packing.CudaPacker()
@@ -231,8 +163,8 @@ def packer():
 @pytest.mark.parametrize("wire", DEVICE)
 @pytest.mark.parametrize("src", DEVICE)
 def test_pack_matches_host(packer, src, wire, scale):
-    twin_pack(packer, split_specs(rng_for("pack", src, wire, scale), src),
-              wire, scale)
+    specs = split_specs(Tensor, rng_for("pack", src, wire, scale), src)
+    twin_pack(packer, specs, wire, scale)
 
 
 @pytest.mark.parametrize("divisor", DIVISORS)
@@ -241,7 +173,7 @@ def test_pack_matches_host(packer, src, wire, scale):
 @pytest.mark.parametrize("wire", DEVICE)
 def test_unpack_matches_host(packer, wire, dst, scale, divisor):
     rng = rng_for("unpack", wire, dst, scale, divisor)
-    specs = split_specs(rng, dst)
+    specs = split_specs(Tensor, rng, dst)
     bucket = Bucket(total_of(specs), wire, shift=3, rng=rng)
     twin_unpack(packer, specs, bucket, wire, scale, divisor)
 
@@ -251,7 +183,7 @@ def test_mixed_dtypes_in_one_bucket(packer, wire):
     rng = rng_for("mixed", wire)
     specs = []
     for dt in DEVICE:
-        specs += split_specs(rng, dt, [3, 1023, 4097])
+        specs += split_specs(Tensor, rng, dt, [3, 1023, 4097])
     rng.shuffle(specs)
     twin_pack(packer, specs, wire, 0.5)
     bucket = Bucket(total_of(specs), wire, rng=rng)
@@ -504,17 +436,7 @@ def test_one_packer_many_tables(packer):
 def test_ten_thousand_segments_in_one_bucket(packer, wire):
     rng = rng_for("10000", wire)
     n = 10000
-    which = rng.integers(0, 6, n)
-    counts = rng.integers(0, 17, n)
-    gaps = rng.integers(0, 3, n)
-    cursor = [0] * 6
-    pieces = []
-    for k, c, g in zip(which, counts, gaps):
-        pieces.append((int(k), cursor[k] + int(g), int(c)))
-        cursor[k] += int(g) + int(c)
-    pool = [Tensor(cursor[k] + 1, DEVICE[k % 3], rng, shift=k % 4)
-            for k in range(6)]
-    specs = [(pool[k], pool[k].dtype, off, c) for k, off, c in pieces]
+    specs = many_specs(Tensor, rng, n, DEVICE, tensors=6, shifts=4)
     for i in range(0, n, 97):  # some holes: address 0
         specs[i] = (None, specs[i][1], 0, specs[i][3])
     assert len(specs) == n
@@ -523,30 +445,21 @@ def test_ten_thousand_segments_in_one_bucket(packer, wire):
     twin_unpack(packer, specs, bucket, wire, 1.0, 3)
 
 
-LOSSLESS = [("float32", "float32"), ("float16", "float16"),
-            ("bfloat16", "bfloat16"), ("float16", "float32"),
-            ("bfloat16", "float32")]
+DEVICE_LOSSLESS = [(d, w) for d, w in LOSSLESS
+                   if d in DEVICE and w in DEVICE]
 
 
-@pytest.mark.parametrize("dtype,wire", LOSSLESS)
+@pytest.mark.parametrize("dtype,wire", DEVICE_LOSSLESS)
 def test_tensor_split_across_two_buckets(packer, dtype, wire):
     """Three tensors cut across two buckets; unpacked on the device into
     fresh tensors they come back bit for bit."""
-    rng = rng_for("split", dtype, wire)
-    t = Tensor(4097, dtype, rng, shift=1)
-    u = Tensor(1023, dtype, rng, shift=3)
-    v = Tensor(7, dtype, rng, shift=2)
-    plan = [[(t, 0, 1000), (u, 0, 500), (t, 1000, 1500)],
-            [(v, 0, 7), (t, 2500, 1597), (u, 500, 523)]]
-    buckets = [twin_pack(packer, [(x, dtype, o, c) for x, o, c in b], wire)
-               for b in plan]
-    fresh = {id(x): Tensor(x.n, dtype, rng, shift=x.shift) for x in (t, u, v)}
-    for b, bucket in zip(plan, buckets):
-        twin_unpack(packer, [(fresh[id(x)], dtype, o, c) for x, o, c in b],
-                    bucket, wire)
-    for x in (t, u, v):
-        assert_bits(fresh[id(x)].dev_view().get(), x.host_view(),
-                    "round trip")
+    specs, fresh_specs, pairs = split_across_two_buckets(
+        Tensor, rng_for("split", dtype, wire), dtype)
+    buckets = [twin_pack(packer, s, wire) for s in specs]
+    for s, bucket in zip(fresh_specs, buckets):
+        twin_unpack(packer, s, bucket, wire)
+    for x, fresh in pairs:
+        assert_bits(fresh.dev_view().get(), x.host_view(), "round trip")
 
 
 @pytest.mark.parametrize("wire", DEVICE)

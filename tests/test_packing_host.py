@@ -5,82 +5,22 @@ converted), and unpacked back (scaled, divided and converted).
 The references are independent of the implementation: bucket offsets are
 prefix sums computed here, arithmetic is numpy's (float32, or float64 where
 either side is float64), and rounding to float16 / bfloat16 is written out
-here (round to nearest, ties to even). Results are compared bit for bit.
-bfloat16 arrays are held as np.uint16 bit patterns.
+in packing_reference (round to nearest, ties to even). Results are
+compared bit for bit. bfloat16 arrays are held as np.uint16 bit patterns.
 """
-import zlib
-
 import numpy as np
 import pytest
 
 from nncomm import packing
-
-FLOATS = ["float32", "float16", "bfloat16", "float64"]
-INTS = ["int32", "int64"]
-STORAGE = {"float32": np.float32, "float16": np.float16,
-           "bfloat16": np.uint16, "float64": np.float64,
-           "int32": np.int32, "int64": np.int64}
-UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-SIZES = [1, 3, 7, 1023, 4097]
-SCALES = [1.0, 0.5, 3.0, -1.25]
-DIVISORS = [1, 2, 3, 7]
-GUARD = 5  # elements after a bucket that must stay as they were
+from packing_reference import (DIVISORS, FLOATS, GUARD, INTS, LOSSLESS,
+                               SCALES, STORAGE, UINT, assert_bits,
+                               bf16_to_f32, f32_to_bf16, from_float,
+                               many_specs, random_values, rng_for,
+                               round_significant, split_across_two_buckets,
+                               split_specs, to_float)
 
 
 # --- references --------------------------------------------------------------
-
-def round_significant(v, bits, emin):
-    """float64 `v` rounded (nearest, ties to even) to `bits` significant
-    bits, with gradual underflow below 2**(emin - 1) (frexp exponents)."""
-    v = np.asarray(v, np.float64)
-    _, e = np.frexp(v)
-    e = np.maximum(e, emin) - bits
-    return np.ldexp(np.rint(np.ldexp(v, -e)), e)
-
-
-def f32_to_bf16(f):
-    """float32 -> bfloat16 bits: round to nearest even on the upper 16 bits;
-    NaN -> 0x7FFF."""
-    f = np.asarray(f, np.float32)
-    u = f.view(np.uint32).astype(np.uint64)
-    b = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(np.isnan(f), np.uint16(0x7FFF), b)
-
-
-def bf16_to_f32(b):
-    return (np.asarray(b, np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-def to_float(x, dtype):
-    """Stored values as numpy floats (exactly): float64 for float64, float32
-    for the narrower ones."""
-    if dtype == "bfloat16":
-        return bf16_to_f32(x)
-    if dtype == "float64":
-        return np.asarray(x, np.float64)
-    return np.asarray(x).astype(np.float32)
-
-
-def from_float(v, dtype):
-    """float32 or float64 values rounded to `dtype` (storage array)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return _from_float(v, dtype)
-
-
-def _from_float(v, dtype):
-    if dtype == "float64":
-        return v.astype(np.float64)
-    if dtype == "float32":
-        return v.astype(np.float32)
-    if dtype == "float16":
-        return round_significant(v, 11, -13).astype(np.float16)
-    if dtype == "bfloat16":
-        if v.dtype == np.float32:
-            return f32_to_bf16(v)
-        r = round_significant(v, 8, -125).astype(np.float32)
-        return (r.view(np.uint32) >> 16).astype(np.uint16)
-    raise AssertionError(dtype)
-
 
 def convert(x, src, dst, scale=1.0, divisor=1):
     """dst(src value * scale / divisor), computed as the spec says."""
@@ -94,40 +34,8 @@ def convert(x, src, dst, scale=1.0, divisor=1):
     return from_float(v, dst)
 
 
-def random_values(n, dtype, rng):
-    """`n` values representable in `dtype`: magnitudes from 2**-12 (float16
-    subnormals) to about 2**10, about 1% exact zeros; float64 values use
-    their full precision."""
-    if dtype in INTS:
-        info = np.iinfo(STORAGE[dtype])
-        return rng.integers(info.min, info.max, n, dtype=STORAGE[dtype],
-                            endpoint=True)
-    v = rng.standard_normal(n) * np.exp2(rng.integers(-12, 9, n))
-    v[rng.random(n) < 0.01] = 0.0
-    return from_float(v, dtype)
-
-
 def offsets_of(counts):
     return [int(o) for o in np.cumsum([0] + list(counts))[:-1]]
-
-
-def describe(x, dtype, i):
-    if dtype == "bfloat16":
-        return f"{float(bf16_to_f32(x[i:i + 1])[0])!r}"
-    return f"{x[i]!r}"
-
-
-def assert_bits(got, want, what, dtype=None):
-    assert got.shape == want.shape and got.dtype == want.dtype
-    g = got.view(UINT[got.itemsize])
-    w = want.view(UINT[want.itemsize])
-    bad = np.flatnonzero(g != w)
-    if bad.size:
-        i = bad[0]
-        pytest.fail(
-            f"{what}: {bad.size} of {g.size} elements differ; first at [{i}]"
-            f": got {int(g[i]):#x} ({describe(got, dtype, i)}), want "
-            f"{int(w[i]):#x} ({describe(want, dtype, i)})")
 
 
 # --- tensors, segments, buckets ----------------------------------------------
@@ -214,34 +122,6 @@ def check_unpack(specs, bucket, wire, scale=1.0, divisor=1):
     assert_bits(bucket, before, "unpack left the bucket alone", wire)
 
 
-def split_specs(rng, dtype, sizes=SIZES):
-    """One tensor of each size (addresses at shifts 0..4 elements); the
-    larger ones cut into pieces at random points, in shuffled order, one
-    covered only in its middle. No two segments overlap."""
-    specs = []
-    for k, n in enumerate(sizes):
-        t = Tensor(n, dtype, rng, shift=(1, 0, 3, 2, 4)[k % 5])
-        if n < 7:
-            specs.append((t, dtype, 0, n))
-            continue
-        if k % 2:  # starts and ends in the middle
-            lo, hi = 1 + int(rng.integers(n // 3)), n - 1 - int(
-                rng.integers(n // 3))
-        else:
-            lo, hi = 0, n
-        cuts = sorted({lo, hi, *(int(c) for c in rng.integers(lo, hi, 2))})
-        pieces = [(t, dtype, a, b - a) for a, b in zip(cuts, cuts[1:])]
-        rng.shuffle(pieces)
-        specs.extend(pieces)
-    rng.shuffle(specs)
-    return specs
-
-
-def rng_for(*key):
-    """A generator seeded from a test's parameters (the same every run)."""
-    return np.random.default_rng([zlib.crc32(repr(k).encode()) for k in key])
-
-
 # --- the module --------------------------------------------------------------
 
 def test_module_attributes():
@@ -286,8 +166,8 @@ def test_references_agree_with_each_other():
 @pytest.mark.parametrize("wire", FLOATS)
 @pytest.mark.parametrize("src", FLOATS)
 def test_pack_converts_and_scales(src, wire, scale):
-    check_pack(split_specs(rng_for("pack", src, wire, scale), src), wire,
-               scale)
+    specs = split_specs(Tensor, rng_for("pack", src, wire, scale), src)
+    check_pack(specs, wire, scale)
 
 
 @pytest.mark.parametrize("divisor", DIVISORS)
@@ -296,7 +176,7 @@ def test_pack_converts_and_scales(src, wire, scale):
 @pytest.mark.parametrize("wire", FLOATS)
 def test_unpack_converts_scales_and_divides(wire, dst, scale, divisor):
     rng = rng_for("unpack", wire, dst, scale, divisor)
-    specs = split_specs(rng, dst)
+    specs = split_specs(Tensor, rng, dst)
     total = sum(c for *_, c in specs)
     _, bucket = new_bucket(total, wire, shift=3)
     bucket[:] = random_values(total, wire, rng)
@@ -310,7 +190,7 @@ def test_mixed_dtypes_in_one_bucket(src):
     rng = rng_for("mixed", src)
     specs = []
     for dt in FLOATS:
-        specs += split_specs(rng, dt, [3, 1023])
+        specs += split_specs(Tensor, rng, dt, [3, 1023])
     rng.shuffle(specs)
     wire = src
     check_pack(specs, wire, 0.5)
@@ -446,32 +326,18 @@ def test_nan_and_inf(src, wire):
 
 # --- splitting, round trips, many segments -----------------------------------
 
-LOSSLESS = [("float32", "float32"), ("float16", "float16"),
-            ("bfloat16", "bfloat16"), ("float64", "float64"),
-            ("float16", "float32"), ("bfloat16", "float32"),
-            ("float32", "float64"), ("float16", "float64"),
-            ("bfloat16", "float64")]
-
-
 @pytest.mark.parametrize("dtype,wire", LOSSLESS)
 def test_tensor_split_across_segments_and_two_buckets(dtype, wire):
     """Three tensors cut across two buckets (a piece of each in each, one
     in three pieces); unpacked into fresh tensors they come back bit for
     bit."""
-    rng = rng_for("split", dtype, wire)
-    t = Tensor(4097, dtype, rng, shift=1)
-    u = Tensor(1023, dtype, rng, shift=3)
-    v = Tensor(7, dtype, rng, shift=2)
-    plan = [[(t, 0, 1000), (u, 0, 500), (t, 1000, 1500)],
-            [(v, 0, 7), (t, 2500, 1597), (u, 500, 523)]]
-    buckets = [check_pack([(x, dtype, o, c) for x, o, c in b], wire)
-               for b in plan]
-    fresh = {id(x): Tensor(x.n, dtype, rng, shift=x.shift) for x in (t, u, v)}
-    for b, bucket in zip(plan, buckets):
-        check_unpack([(fresh[id(x)], dtype, o, c) for x, o, c in b], bucket,
-                     wire)
-    for x in (t, u, v):
-        assert_bits(fresh[id(x)].view, x.view, "round trip", dtype)
+    specs, fresh_specs, pairs = split_across_two_buckets(
+        Tensor, rng_for("split", dtype, wire), dtype)
+    buckets = [check_pack(s, wire) for s in specs]
+    for s, bucket in zip(fresh_specs, buckets):
+        check_unpack(s, bucket, wire)
+    for x, fresh in pairs:
+        assert_bits(fresh.view, x.view, "round trip", dtype)
 
 
 @pytest.mark.parametrize("wire", ["float32", "float16"])
@@ -480,19 +346,9 @@ def test_many_segments(n, wire):
     """`n` segments of 0 to 16 elements, from eight tensors of all four
     dtypes, in random order; pack, then unpack another bucket."""
     rng = rng_for("many", n, wire)
-    which = rng.integers(0, 8, n)
-    counts = rng.integers(0, 17, n)
-    gaps = rng.integers(0, 3, n)
-    cursor = [0] * 8
-    pieces = []
-    for k, c, g in zip(which, counts, gaps):
-        pieces.append((int(k), cursor[k] + int(g), int(c)))
-        cursor[k] += int(g) + int(c)
-    tensors = [Tensor(cursor[k] + 1, FLOATS[k % 4], rng, shift=k % 3)
-               for k in range(8)]
-    specs = [(tensors[k], FLOATS[k % 4], off, c) for k, off, c in pieces]
+    specs = many_specs(Tensor, rng, n, FLOATS, tensors=8, shifts=3)
     check_pack(specs, wire, 0.5)
-    total = int(counts.sum())
+    total = sum(c for *_, c in specs)
     _, bucket = new_bucket(total, wire)
     bucket[:] = random_values(total, wire, rng)
     check_unpack(specs, bucket, wire, 1.0, 3)
@@ -569,7 +425,7 @@ def test_segments_as_a_tuple():
 def test_integers_are_copied(dtype):
     """int32/int64 copy exactly (values beyond float precision included)."""
     rng = rng_for("int", dtype)
-    specs = split_specs(rng, dtype)
+    specs = split_specs(Tensor, rng, dtype)
     bucket = check_pack(specs, dtype)
     fresh = [(Tensor(t.n, dtype, rng, shift=t.shift), dt, o, c)
              for t, dt, o, c in specs]
