@@ -197,10 +197,13 @@ cdef class CudaPacker:
     per bucket, with the semantics of :func:`pack` and :func:`unpack`
     (float32, float16 and bfloat16 only).
 
-    Launches are asynchronous on the given stream. A packer keeps its segment
-    table in device memory and uploads it again only when it changes; one
-    packer's launches run in the order they were issued, so use one packer
-    per stream to pack on several streams at once.
+    Launches are asynchronous on the given stream. A packer keeps the
+    segment tables of its last 8 distinct buckets in device memory, so the
+    buckets of a training loop are uploaded once. One packer's launches run
+    in the order they were issued, so use one packer per stream to pack on
+    several streams at once. Not for CUDA graph capture. NaN payloads and
+    signs may differ from the host's where arithmetic is done (NaN stays
+    NaN).
 
     Example:
 
@@ -219,8 +222,6 @@ cdef class CudaPacker:
             stream.synchronize()
     """
     cdef unique_ptr[CppCudaPacker] packer
-    cdef vector[PackSegment] rows
-    cdef PackTable table
 
     def __cinit__(self):
         cdef Status status
@@ -242,14 +243,16 @@ cdef class CudaPacker:
                 0 is the legacy default stream.
             event (int): a ``cudaEvent_t`` the launch waits for; 0 for none.
         """
-        lay_out(segments, wire_dtype, self.rows, &self.table)
+        cdef vector[PackSegment] rows
+        cdef PackTable table
+        lay_out(segments, wire_dtype, rows, &table)
         cdef void* out = <void*>address_of(bucket, "bucket")
         cdef DType wire = dtype_code(wire_dtype, "wire_dtype")
         cdef CudaStream s = <CudaStream>address_of(stream, "stream")
         cdef CudaEvent e = <CudaEvent>address_of(event, "event")
         cdef Status status
         with nogil:
-            status = self.packer.get().pack(self.table, out, wire, scale, s, e)
+            status = self.packer.get().pack(table, out, wire, scale, s, e)
         CHKSTATUS(status)
 
     def unpack(self, segments, bucket, wire_dtype, float scale=1.0,
@@ -266,13 +269,15 @@ cdef class CudaPacker:
             stream (int): a ``cudaStream_t``; 0 is the legacy default stream.
             event (int): a ``cudaEvent_t`` the launch waits for; 0 for none.
         """
-        lay_out(segments, wire_dtype, self.rows, &self.table)
+        cdef vector[PackSegment] rows
+        cdef PackTable table
+        lay_out(segments, wire_dtype, rows, &table)
         cdef const void* src = <const void*>address_of(bucket, "bucket")
         cdef DType wire = dtype_code(wire_dtype, "wire_dtype")
         cdef CudaStream s = <CudaStream>address_of(stream, "stream")
         cdef CudaEvent e = <CudaEvent>address_of(event, "event")
         cdef Status status
         with nogil:
-            status = self.packer.get().unpack(self.table, src, wire, scale,
+            status = self.packer.get().unpack(table, src, wire, scale,
                                               divisor, s, e)
         CHKSTATUS(status)

@@ -8,13 +8,16 @@
 // element; rows whose two sides are misaligned differently move element by
 // element.
 #include "nncomm/cuda_pack.hpp"
+#include "nncomm/scaling.hpp"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -136,9 +139,12 @@ __device__ void dispatch_source(DType src, const PackEntry &e, char *bucket,
   }
 }
 
-__global__ void __launch_bounds__(kThreads)
+// `copy`: scale and divisor are both 1, so rows of the wire dtype are copied
+// bit for bit, as the host copies them (decided from the caller's values,
+// not from the folded scaling, which maps e.g. scale 2 / divisor 2 to 1).
+__global__ void __launch_bounds__(kThreads, 4)
     pack_kernel(const PackEntry *table, size_t rows, char *bucket, DType wire,
-                bool packing, Scaling s) {
+                bool packing, Scaling s, bool copy) {
   const uint64_t tile = blockIdx.x;
   size_t lo = 0, hi = rows; // the last row with first_tile <= tile
   while (hi - lo > 1) {
@@ -157,7 +163,7 @@ __global__ void __launch_bounds__(kThreads)
   const DType row = static_cast<DType>(e.dtype);
   const DType src = packing ? row : wire;
   const DType dst = packing ? wire : row;
-  const bool identity = src == dst && s.multiply == 1.0f && s.divide == 1.0f;
+  const bool identity = copy && src == dst;
   switch (dst) {
   case DType::kFloat32:
     dispatch_source<float>(src, e, bucket, packing, begin, end, s, identity);
@@ -191,15 +197,71 @@ Status cuda_status(cudaError_t err, const char *call) {
 // Makes `device` current for a scope and restores the caller's device.
 class DeviceScope {
 public:
-  explicit DeviceScope(int device) {
-    cudaGetDevice(&previous_);
+  Status enter(int device) {
+    NNCOMM_CUDA_CALL(cudaGetDevice, &previous_);
     if (previous_ != device)
-      cudaSetDevice(device);
+      NNCOMM_CUDA_CALL(cudaSetDevice, device);
+    entered_ = previous_ != device;
+    return Status::Ok();
   }
-  ~DeviceScope() { cudaSetDevice(previous_); }
+  ~DeviceScope() {
+    if (entered_)
+      cudaSetDevice(previous_);
+  }
 
 private:
   int previous_ = 0;
+  bool entered_ = false;
+};
+
+// Tables a packer keeps on its device: a training step packs the same few
+// buckets every iteration, so each finds its table already there.
+constexpr size_t kTableSlots = 8;
+
+// One table in device memory, and the pinned host buffer it is uploaded
+// from.
+struct TableSlot {
+  PackEntry *table = nullptr;
+  PackEntry *staging = nullptr;
+  size_t capacity = 0;            // rows both can hold
+  std::vector<PackEntry> rows;    // what `table` holds; empty when unknown
+  cudaEvent_t uploaded = nullptr; // the last upload from `staging`
+  uint64_t last_use = 0;
+
+  bool holds(const std::vector<PackEntry> &wanted) const {
+    return !rows.empty() && rows.size() == wanted.size() &&
+           std::memcmp(rows.data(), wanted.data(),
+                       rows.size() * sizeof(PackEntry)) == 0;
+  }
+
+  // Makes `table` hold `wanted`, uploading on `stream`. The caller has
+  // ordered `stream` after every kernel that may read `table`.
+  Status upload(const std::vector<PackEntry> &wanted, cudaStream_t stream) {
+    rows.clear(); // unknown until the upload is enqueued
+    // The last upload may still read the staging buffer.
+    NNCOMM_CUDA_CALL(cudaEventSynchronize, uploaded);
+    if (wanted.size() > capacity) {
+      // cudaFree waits for the device, so no kernel still reads `table`.
+      NNCOMM_CUDA_CALL(cudaFree, table);
+      NNCOMM_CUDA_CALL(cudaFreeHost, staging);
+      table = nullptr;
+      staging = nullptr;
+      capacity = 0;
+      const size_t grown = wanted.size() + wanted.size() / 2;
+      NNCOMM_CUDA_CALL(cudaMalloc, reinterpret_cast<void **>(&table),
+                       grown * sizeof(PackEntry));
+      NNCOMM_CUDA_CALL(cudaMallocHost, reinterpret_cast<void **>(&staging),
+                       grown * sizeof(PackEntry));
+      capacity = grown;
+    }
+    const size_t bytes = wanted.size() * sizeof(PackEntry);
+    std::memcpy(staging, wanted.data(), bytes);
+    NNCOMM_CUDA_CALL(cudaMemcpyAsync, table, staging, bytes,
+                     cudaMemcpyHostToDevice, stream);
+    NNCOMM_CUDA_CALL(cudaEventRecord, uploaded, stream);
+    rows = wanted;
+    return Status::Ok();
+  }
 };
 
 } // namespace
@@ -209,60 +271,49 @@ bool cuda_packing_built() { return true; }
 // What a packer keeps on its device between buckets.
 struct CudaPacker::Device {
   int ordinal = 0;
-  PackEntry *table = nullptr;   // device copy of the last table uploaded
-  PackEntry *staging = nullptr; // pinned host memory the upload reads
-  size_t capacity = 0;          // rows both can hold
-  std::vector<PackEntry> uploaded;
-  cudaEvent_t upload_done = nullptr; // the staging buffer may be rewritten
-  cudaEvent_t kernel_done = nullptr; // the device table may be rewritten
-  bool launched = false;
+  std::mutex mutex; // one launch at a time: the slots are shared state
+  TableSlot slots[kTableSlots];
+  uint64_t uses = 0;
+  cudaEvent_t kernel_done = nullptr; // after the last kernel launched
 
   ~Device() {
-    DeviceScope scope(ordinal);
-    if (launched)
-      cudaEventSynchronize(kernel_done);
-    cudaFree(table);
-    cudaFreeHost(staging);
-    if (upload_done != nullptr)
-      cudaEventDestroy(upload_done);
+    DeviceScope scope;
+    if (!scope.enter(ordinal).ok())
+      return;
+    // Events never recorded count as complete.
+    cudaEventSynchronize(kernel_done);
+    for (TableSlot &slot : slots) {
+      cudaEventSynchronize(slot.uploaded);
+      cudaFree(slot.table);
+      cudaFreeHost(slot.staging);
+      if (slot.uploaded != nullptr)
+        cudaEventDestroy(slot.uploaded);
+    }
     if (kernel_done != nullptr)
       cudaEventDestroy(kernel_done);
   }
 
-  // Makes the device table equal to `rows`, uploading on `stream` only
-  // when it changed since the last upload.
-  Status upload(const std::vector<PackEntry> &rows, cudaStream_t stream) {
-    const size_t bytes = rows.size() * sizeof(PackEntry);
-    if (rows.size() == uploaded.size() &&
-        std::memcmp(rows.data(), uploaded.data(), bytes) == 0) {
+  // The device copy of `rows`, on `stream`: a slot that holds them already,
+  // else the least recently used slot, uploaded again.
+  Status table_for(const std::vector<PackEntry> &rows, cudaStream_t stream,
+                   const PackEntry **table) {
+    TableSlot *chosen = nullptr;
+    for (TableSlot &slot : slots) {
+      if (slot.holds(rows)) {
+        chosen = &slot;
+        break;
+      }
+      if (chosen == nullptr || slot.last_use < chosen->last_use)
+        chosen = &slot;
+    }
+    if (chosen->holds(rows)) {
       // Uploaded earlier, maybe on another stream.
-      NNCOMM_CUDA_CALL(cudaStreamWaitEvent, stream, upload_done, 0);
-      return Status::Ok();
+      NNCOMM_CUDA_CALL(cudaStreamWaitEvent, stream, chosen->uploaded, 0);
+    } else {
+      NNCOMM_RETURN_IF_ERROR(chosen->upload(rows, stream));
     }
-    // The last upload may still read the staging buffer. (The last kernel,
-    // which reads the device table, is already ordered before `stream`.)
-    if (launched)
-      NNCOMM_CUDA_CALL(cudaEventSynchronize, upload_done);
-    if (rows.size() > capacity) {
-      if (launched)
-        NNCOMM_CUDA_CALL(cudaEventSynchronize, kernel_done);
-      NNCOMM_CUDA_CALL(cudaFree, table);
-      NNCOMM_CUDA_CALL(cudaFreeHost, staging);
-      table = nullptr;
-      staging = nullptr;
-      capacity = 0;
-      const size_t grown = rows.size() + rows.size() / 2;
-      NNCOMM_CUDA_CALL(cudaMalloc, reinterpret_cast<void **>(&table),
-                       grown * sizeof(PackEntry));
-      NNCOMM_CUDA_CALL(cudaMallocHost, reinterpret_cast<void **>(&staging),
-                       grown * sizeof(PackEntry));
-      capacity = grown;
-    }
-    std::memcpy(staging, rows.data(), bytes);
-    NNCOMM_CUDA_CALL(cudaMemcpyAsync, table, staging, bytes,
-                     cudaMemcpyHostToDevice, stream);
-    NNCOMM_CUDA_CALL(cudaEventRecord, upload_done, stream);
-    uploaded = rows;
+    chosen->last_use = ++uses;
+    *table = chosen->table;
     return Status::Ok();
   }
 };
@@ -270,10 +321,12 @@ struct CudaPacker::Device {
 Status CudaPacker::Create(std::unique_ptr<CudaPacker> *out) {
   std::unique_ptr<Device> device(new Device);
   NNCOMM_CUDA_CALL(cudaGetDevice, &device->ordinal);
-  NNCOMM_CUDA_CALL(cudaEventCreateWithFlags, &device->upload_done,
-                   cudaEventDisableTiming);
   NNCOMM_CUDA_CALL(cudaEventCreateWithFlags, &device->kernel_done,
                    cudaEventDisableTiming);
+  for (TableSlot &slot : device->slots) {
+    NNCOMM_CUDA_CALL(cudaEventCreateWithFlags, &slot.uploaded,
+                     cudaEventDisableTiming);
+  }
   out->reset(new CudaPacker(std::move(device)));
   return Status::Ok();
 }
@@ -285,8 +338,7 @@ CudaPacker::~CudaPacker() = default;
 
 Status CudaPacker::pack(const PackTable &table, void *bucket, DType wire,
                         float scale, CudaStream stream, CudaEvent after) {
-  return launch(table, bucket, wire, make_scaling(scale, 1), true, stream,
-                after);
+  return launch(table, bucket, wire, scale, 1, true, stream, after);
 }
 
 Status CudaPacker::unpack(const PackTable &table, const void *bucket,
@@ -294,12 +346,11 @@ Status CudaPacker::unpack(const PackTable &table, const void *bucket,
                           CudaStream stream, CudaEvent after) {
   if (divisor < 1)
     return Status::InvalidArgument("divisor must be at least 1");
-  return launch(table, bucket, wire, make_scaling(scale, divisor), false,
-                stream, after);
+  return launch(table, bucket, wire, scale, divisor, false, stream, after);
 }
 
 Status CudaPacker::launch(const PackTable &table, const void *bucket,
-                          DType wire, Scaling scaling, bool packing,
+                          DType wire, float scale, int divisor, bool packing,
                           CudaStream stream, CudaEvent after) {
   if (!on_device(wire)) {
     return Status::InvalidArgument(
@@ -313,27 +364,44 @@ Status CudaPacker::launch(const PackTable &table, const void *bucket,
           std::to_string(i) + " is of another dtype");
     }
   }
-  NNCOMM_RETURN_IF_ERROR(check_bucket_address(bucket, wire));
+  NNCOMM_RETURN_IF_ERROR(check_bucket_address(bucket, table.count, wire));
+  if (table.tiles > static_cast<size_t>(INT_MAX)) {
+    return Status::InvalidArgument("bucket too large for one launch (" +
+                                   std::to_string(table.count) + " elements)");
+  }
   if (table.entries.empty())
     return Status::Ok();
 
-  DeviceScope scope(device_->ordinal);
+  std::lock_guard<std::mutex> lock(device_->mutex);
+  DeviceScope scope;
+  NNCOMM_RETURN_IF_ERROR(scope.enter(device_->ordinal));
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  NNCOMM_CUDA_CALL(cudaStreamIsCapturing, s, &capture);
+  if (capture != cudaStreamCaptureStatusNone) {
+    return Status::InvalidArgument(
+        "the CUDA packer cannot be captured into a CUDA graph (its tables "
+        "are uploaded from host memory it reuses)");
+  }
   if (after != nullptr)
     NNCOMM_CUDA_CALL(cudaStreamWaitEvent, s, static_cast<cudaEvent_t>(after),
                      0);
   // One packer's launches run in the order they were issued, whatever their
-  // streams, so the table the last one reads is never rewritten under it.
-  if (device_->launched)
-    NNCOMM_CUDA_CALL(cudaStreamWaitEvent, s, device_->kernel_done, 0);
-  NNCOMM_RETURN_IF_ERROR(device_->upload(table.entries, s));
-  pack_kernel<<<static_cast<unsigned>(table.tiles), kThreads, 0, s>>>(
-      device_->table, table.entries.size(),
-      const_cast<char *>(static_cast<const char *>(bucket)), wire, packing,
-      scaling);
-  NNCOMM_RETURN_IF_ERROR(cuda_status(cudaGetLastError(), "pack_kernel"));
+  // streams, so a table is never rewritten under a kernel still reading it.
+  NNCOMM_CUDA_CALL(cudaStreamWaitEvent, s, device_->kernel_done, 0);
+  const PackEntry *rows = nullptr;
+  NNCOMM_RETURN_IF_ERROR(device_->table_for(table.entries, s, &rows));
+
+  size_t count = table.entries.size();
+  char *out = const_cast<char *>(static_cast<const char *>(bucket));
+  Scaling scaling = make_scaling(scale, divisor);
+  bool copy = scale == 1.0f && divisor == 1;
+  void *args[] = {&rows, &count, &out, &wire, &packing, &scaling, &copy};
+  NNCOMM_CUDA_CALL(cudaLaunchKernel,
+                   reinterpret_cast<const void *>(&pack_kernel),
+                   dim3(static_cast<unsigned>(table.tiles)), dim3(kThreads),
+                   args, size_t(0), s);
   NNCOMM_CUDA_CALL(cudaEventRecord, device_->kernel_done, s);
-  device_->launched = true;
   return Status::Ok();
 }
 

@@ -71,12 +71,15 @@ Status build_pack_table(const PackSegment *segments, size_t n, DType wire,
     e.reserved = 0;
     table->entries.push_back(e);
     table->count += s.count;
-    table->tiles += (s.count + kPackTileElements - 1) / kPackTileElements;
+    table->tiles += s.count / kPackTileElements +
+                    (s.count % kPackTileElements != 0 ? 1 : 0);
   }
   return Status::Ok();
 }
 
-Status check_bucket_address(const void *bucket, DType wire) {
+Status check_bucket_address(const void *bucket, size_t count, DType wire) {
+  if (bucket == nullptr && count > 0)
+    return Status::InvalidArgument("bucket address is 0");
   if (reinterpret_cast<uintptr_t>(bucket) % dtype_size(wire) == 0)
     return Status::Ok();
   return Status::InvalidArgument(
@@ -85,7 +88,7 @@ Status check_bucket_address(const void *bucket, DType wire) {
 
 Status pack_host(const PackTable &table, void *bucket, DType wire,
                  float scale) {
-  NNCOMM_RETURN_IF_ERROR(check_bucket_address(bucket, wire));
+  NNCOMM_RETURN_IF_ERROR(check_bucket_address(bucket, table.count, wire));
   NNCOMM_RETURN_IF_ERROR(check_integers(wire, scale, 1));
   const uint64_t base = reinterpret_cast<uintptr_t>(bucket);
   for (const PackEntry &e : table.entries) {
@@ -104,7 +107,7 @@ Status unpack_host(const PackTable &table, const void *bucket, DType wire,
                    float scale, int divisor) {
   if (divisor < 1)
     return Status::InvalidArgument("divisor must be at least 1");
-  NNCOMM_RETURN_IF_ERROR(check_bucket_address(bucket, wire));
+  NNCOMM_RETURN_IF_ERROR(check_bucket_address(bucket, table.count, wire));
   NNCOMM_RETURN_IF_ERROR(check_integers(wire, scale, divisor));
   const uint64_t base = reinterpret_cast<uintptr_t>(bucket);
   for (const PackEntry &e : table.entries) {

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from packing_reference import (DIVISORS, GUARD, LOSSLESS, SCALES, STORAGE,
-                               UINT, assert_bits, many_specs, random_values,
-                               rng_for, split_across_two_buckets,
-                               split_specs, to_float)
+                               UINT, assert_bits, from_float, many_specs,
+                               random_values, rng_for,
+                               split_across_two_buckets, split_specs,
+                               to_float)
 
 pytestmark = pytest.mark.gpu
 
@@ -531,3 +532,21 @@ def test_device_errors(packer):
         packer.pack(seg, bucket.data.ptr + 2, "float32")
     with pytest.raises(ValueError, match="(?i)align"):
         packer.unpack(seg, bucket.data.ptr + 1, "float16")
+    for call in (packer.pack, packer.unpack):
+        with pytest.raises(ValueError, match="bucket address is 0"):
+            call(seg, 0, "float32")
+
+
+@pytest.mark.parametrize("wire", DEVICE)
+@pytest.mark.parametrize("src", DEVICE)
+def test_nan_and_inf_survive(packer, src, wire):
+    """NaN stays NaN and inf stays inf through arithmetic (payloads and
+    signs of NaN may differ from the host's, so no bitwise check here)."""
+    values = np.array([np.nan, -np.nan, np.inf, -np.inf, 1.0], np.float32)
+    x = cupy.asarray(from_float(values, src))
+    bucket = cupy.zeros(5, STORAGE[wire])
+    packer.pack([(x.data.ptr, src, 0, 5)], bucket.data.ptr, wire, scale=-0.5)
+    synchronize()
+    got = to_float(bucket.get(), wire)
+    assert np.isnan(got[:2]).all(), got
+    assert got[2:].tolist() == [-np.inf, np.inf, -0.5]

@@ -500,6 +500,15 @@ def test_misaligned_bucket_address(wire, by):
         packing.unpack(segs, bucket.ctypes.data + by, wire)
 
 
+def test_null_bucket():
+    x = some_tensor()
+    segs = [(x.ctypes.data, "float32", 0, 4)]
+    for call in (packing.pack, packing.unpack):
+        with pytest.raises(ValueError, match="bucket address is 0"):
+            call(segs, 0, "float32")
+    packing.pack([(x.ctypes.data, "float32", 0, 0)], 0, "float32")  # empty
+
+
 @pytest.mark.parametrize("divisor", [0, -1, -7])
 def test_divisor_below_one(divisor):
     x, bucket = some_tensor(), np.zeros(4, np.float32)

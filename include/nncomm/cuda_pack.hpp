@@ -12,7 +12,6 @@
 #include <memory>
 
 #include "nncomm/pack.hpp"
-#include "nncomm/scaling.hpp"
 #include "nncomm/status.hpp"
 
 namespace nncomm {
@@ -25,11 +24,12 @@ bool cuda_packing_built();
 
 class CudaPacker {
 public:
-  // A packer for the device current at creation. Its table memory (device,
-  // and pinned host for the upload) grows on demand and is reused; a table
-  // equal to the last one uploaded is not uploaded again. One packer's
-  // launches run in the order they were issued, even on different streams:
-  // use a packer per stream to pack on several streams at once.
+  // A packer for the device current at creation. It keeps the tables of
+  // the last 8 distinct buckets in device memory (uploaded from pinned host
+  // memory, both reused), so a training loop's buckets are uploaded once.
+  // One packer's launches run in the order they were issued, even on
+  // different streams (use a packer per stream to pack on several at once);
+  // it may be called from several threads. Not for CUDA graph capture.
   static Status Create(std::unique_ptr<CudaPacker> *out);
   ~CudaPacker();
   CudaPacker(const CudaPacker &) = delete;
@@ -47,7 +47,7 @@ private:
   struct Device;
   explicit CudaPacker(std::unique_ptr<Device> device);
   Status launch(const PackTable &table, const void *bucket, DType wire,
-                Scaling scaling, bool packing, CudaStream stream,
+                float scale, int divisor, bool packing, CudaStream stream,
                 CudaEvent after);
 
   std::unique_ptr<Device> device_;

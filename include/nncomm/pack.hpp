@@ -55,8 +55,9 @@ struct PackTable {
 Status build_pack_table(const PackSegment *segments, size_t n, DType wire,
                         PackTable *table);
 
-// Refuses a bucket address not aligned to the wire dtype's size.
-Status check_bucket_address(const void *bucket, DType wire);
+// Refuses a bucket of `count` elements at a null address or at one not
+// aligned to the wire dtype's size.
+Status check_bucket_address(const void *bucket, size_t count, DType wire);
 
 // Host twin of the CUDA kernels: bucket[k] = wire(tensor[i] * scale).
 // Arithmetic in float (double where float64 is on either side); integer
