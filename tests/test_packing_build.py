@@ -53,3 +53,42 @@ def test_lazy_names():
     assert set(nncomm.__all__) <= set(dir(nncomm))
     with pytest.raises(AttributeError, match="no attribute"):
         nncomm.no_such_name
+
+
+def test_cpu_only_build_without_mpi(tmp_path):
+    """NNCOMM_CUDA=0 NNCOMM_MPI=0: the packing module alone, no nvcc, no MPI
+    (what a machine without either builds); its CudaPacker says why it has
+    no kernels."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    files = subprocess.run(["git", "ls-files", "setup.py", "pyx", "src",
+                            "include", "python"], cwd=repo, check=True,
+                           capture_output=True, text=True).stdout.split()
+    for name in files:
+        os.makedirs(tmp_path / os.path.dirname(name), exist_ok=True)
+        shutil.copy(os.path.join(repo, name), tmp_path / name)
+    env = dict(os.environ, NNCOMM_CUDA="0", NNCOMM_MPI="0")
+    build = subprocess.run([sys.executable, "setup.py", "build_ext",
+                            "--inplace"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    assert "nvcc" not in build.stdout
+    built = os.listdir(tmp_path / "python" / "nncomm")
+    assert any(n.startswith("packing.") and n.endswith(".so") for n in built)
+    assert not any(n.startswith("_nncomm.") for n in built), built
+    code = (
+        "import sys\n"
+        "for name in ('nnabla', 'mpi4py'):\n"
+        "    sys.modules[name] = None\n"
+        "from nncomm import packing\n"
+        "assert not packing.cuda_built\n"
+        "try:\n"
+        "    packing.CudaPacker()\n"
+        "except RuntimeError as e:\n"
+        "    assert 'built without CUDA' in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('CudaPacker without kernels')\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code],
+                         cwd=tmp_path / "python", capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
