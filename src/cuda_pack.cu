@@ -1,17 +1,10 @@
-// The CUDA half of packing: one kernel launch moves a whole bucket.
-//
-// Block b handles tile b of the table: the row whose tiles contain b is
-// found by binary search over the rows' first_tile, so blocks never share a
-// row's elements and the table is the only per-bucket state on the device.
-// Inside a row, elements move in vectors of 16 bytes of the wider dtype
-// wherever source and destination reach vector alignment at the same
-// element; rows whose two sides are misaligned differently move element by
-// element.
+// The CUDA half of packing: one kernel launch moves a whole bucket (block
+// b moves tile b, pack_tile.cuh), and the packer that uploads the tables
+// and orders the launches on the caller's streams.
 #include "nncomm/cuda_pack.hpp"
 #include "nncomm/scaling.hpp"
+#include "pack_tile.cuh"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -19,7 +12,6 @@
 #include <cstring>
 #include <mutex>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace nncomm {
@@ -30,153 +22,11 @@ constexpr int kThreads = 256;
 static_assert(kPackTileElements % (kThreads * 8) == 0,
               "a tile is whole vectors for every thread");
 
-__device__ float to_float(float x) { return x; }
-__device__ float to_float(__half x) { return __half2float(x); }
-__device__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T> __device__ T from_float(float x);
-template <> __device__ float from_float<float>(float x) { return x; }
-template <> __device__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <> __device__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
-// x * scale / divisor, as the host twin computes it (scaling.hpp).
-template <typename Dst, typename Src>
-__device__ Dst convert(Src x, Scaling s, bool identity) {
-  if constexpr (std::is_same<Dst, Src>::value) {
-    if (identity)
-      return x; // bit for bit, NaN payloads included, as the host copies
-  }
-  float v = __fmul_rn(to_float(x), s.multiply);
-  if (s.divide != 1.0f)
-    v = __fdiv_rn(v, s.divide);
-  return from_float<Dst>(v);
-}
-
-template <typename T, int N> struct alignas(sizeof(T) * N) Vector { T v[N]; };
-
-// Moves elements [begin, end) of one row: dst[i] = convert(src[i]), or
-// zeros when src is null.
-template <typename Dst, typename Src>
-__device__ void move_row(Dst *dst, const Src *src, size_t begin, size_t end,
-                         Scaling s, bool identity) {
-  constexpr int kWide = sizeof(Dst) > sizeof(Src) ? sizeof(Dst) : sizeof(Src);
-  constexpr int N = 16 / kWide; // elements per vector
-  const uintptr_t d = reinterpret_cast<uintptr_t>(dst);
-  // First element at which dst is vector-aligned; src must be there too.
-  const size_t head = (N - (d / sizeof(Dst)) % N) % N;
-  const bool vectors =
-      src == nullptr ||
-      (reinterpret_cast<uintptr_t>(src + head) % (sizeof(Src) * N)) == 0;
-  size_t first = begin, last = begin; // the vector span [first, last)
-  if (vectors && end > head) {
-    first = begin < head ? head : head + (begin - head + N - 1) / N * N;
-    last = head + (end - head) / N * N;
-    if (last < first)
-      first = last = begin;
-  }
-  auto one = [&](size_t i) {
-    dst[i] = src == nullptr ? from_float<Dst>(0.0f)
-                            : convert<Dst>(src[i], s, identity);
-  };
-  // The scalar edges: at most N - 1 elements each side of the span.
-  for (size_t i = begin + threadIdx.x; i < first; i += blockDim.x)
-    one(i);
-  for (size_t i = last + threadIdx.x; i < end; i += blockDim.x)
-    one(i);
-  const size_t n = (last - first) / N;
-  Vector<Dst, N> *dv = reinterpret_cast<Vector<Dst, N> *>(dst + first);
-  const Vector<Src, N> *sv =
-      src == nullptr ? nullptr
-                     : reinterpret_cast<const Vector<Src, N> *>(src + first);
-  for (size_t k = threadIdx.x; k < n; k += blockDim.x) {
-    Vector<Dst, N> out;
-    if (sv == nullptr) {
-#pragma unroll
-      for (int j = 0; j < N; ++j)
-        out.v[j] = from_float<Dst>(0.0f);
-    } else {
-      const Vector<Src, N> in = sv[k];
-#pragma unroll
-      for (int j = 0; j < N; ++j)
-        out.v[j] = convert<Dst>(in.v[j], s, identity);
-    }
-    dv[k] = out;
-  }
-}
-
-template <typename Dst, typename Src>
-__device__ void move_tile(const PackEntry &e, char *bucket, bool packing,
-                          size_t begin, size_t end, Scaling s, bool identity) {
-  if (packing) {
-    move_row(reinterpret_cast<Dst *>(bucket) + e.bucket_offset,
-             reinterpret_cast<const Src *>(e.address), begin, end, s, identity);
-  } else {
-    move_row(reinterpret_cast<Dst *>(e.address),
-             reinterpret_cast<const Src *>(bucket) + e.bucket_offset, begin,
-             end, s, identity);
-  }
-}
-
-template <typename Dst>
-__device__ void dispatch_source(DType src, const PackEntry &e, char *bucket,
-                                bool packing, size_t begin, size_t end,
-                                Scaling s, bool identity) {
-  switch (src) {
-  case DType::kFloat32:
-    move_tile<Dst, float>(e, bucket, packing, begin, end, s, identity);
-    break;
-  case DType::kFloat16:
-    move_tile<Dst, __half>(e, bucket, packing, begin, end, s, identity);
-    break;
-  case DType::kBFloat16:
-    move_tile<Dst, __nv_bfloat16>(e, bucket, packing, begin, end, s, identity);
-    break;
-  default: break;
-  }
-}
-
-// `copy`: scale and divisor are both 1, so rows of the wire dtype are copied
-// bit for bit, as the host copies them (decided from the caller's values,
-// not from the folded scaling, which maps e.g. scale 2 / divisor 2 to 1).
 __global__ void __launch_bounds__(kThreads, 4)
     pack_kernel(const PackEntry *table, size_t rows, char *bucket, DType wire,
                 bool packing, Scaling s, bool copy) {
-  const uint64_t tile = blockIdx.x;
-  size_t lo = 0, hi = rows; // the last row with first_tile <= tile
-  while (hi - lo > 1) {
-    const size_t mid = (lo + hi) / 2;
-    if (table[mid].first_tile <= tile)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  const PackEntry e = table[lo];
-  if (!packing && e.address == 0)
-    return; // rows without a tensor are left out when unpacking
-  const size_t begin = (tile - e.first_tile) * kPackTileElements;
-  const size_t end =
-      begin + kPackTileElements < e.count ? begin + kPackTileElements : e.count;
-  const DType row = static_cast<DType>(e.dtype);
-  const DType src = packing ? row : wire;
-  const DType dst = packing ? wire : row;
-  const bool identity = copy && src == dst;
-  switch (dst) {
-  case DType::kFloat32:
-    dispatch_source<float>(src, e, bucket, packing, begin, end, s, identity);
-    break;
-  case DType::kFloat16:
-    dispatch_source<__half>(src, e, bucket, packing, begin, end, s, identity);
-    break;
-  case DType::kBFloat16:
-    dispatch_source<__nv_bfloat16>(src, e, bucket, packing, begin, end, s,
-                                   identity);
-    break;
-  default: break;
-  }
+  move_bucket_tile(table, rows, bucket, wire, packing, s, copy, blockIdx.x,
+                   Lane{threadIdx.x, blockDim.x});
 }
 
 bool on_device(DType dt) {

@@ -1,0 +1,168 @@
+// Runs the CUDA packing kernel's code (src/pack_tile.cuh) on the CPU, one
+// tile and one thread at a time, and checks it against the host twin
+// (src/pack.cpp) byte for byte: the kernel's indexing, vector/scalar split,
+// dispatch and arithmetic, tested where there is no GPU. Threads of a block
+// write disjoint elements, so running them one after another is one of the
+// orders a GPU may run them in.
+//
+// Built and run by tests/test_packing_kernel_on_cpu.py:
+//   nvcc -std=c++17 -Iinclude -Isrc emulate_pack.cu src/pack.cpp
+//        src/host_ops.cpp -o emulate_pack && ./emulate_pack CASES SEED
+// Prints "emulate_pack: N cases passed" or the first mismatch (exit 1).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "nncomm/bfloat16.hpp"
+#include "nncomm/pack.hpp"
+#include "pack_tile.cuh"
+
+using namespace nncomm;
+
+namespace {
+
+constexpr unsigned kThreads = 256; // as in cuda_pack.cu
+constexpr DType kDevice[] = {DType::kFloat32, DType::kFloat16,
+                             DType::kBFloat16};
+
+// Every tile of the bucket, every thread of each tile.
+void run_kernel(const PackTable &t, void *bucket, DType wire, bool packing,
+                float scale, int divisor) {
+  const Scaling s = make_scaling(scale, divisor);
+  const bool copy = scale == 1.0f && divisor == 1;
+  for (uint64_t tile = 0; tile < t.tiles; ++tile) {
+    for (unsigned thread = 0; thread < kThreads; ++thread) {
+      move_bucket_tile(t.entries.data(), t.entries.size(),
+                       static_cast<char *>(bucket), wire, packing, s, copy,
+                       tile, Lane{thread, kThreads});
+    }
+  }
+}
+
+// `n` finite values of `dt`, as raw bytes.
+void fill(std::vector<char> &bytes, DType dt, std::mt19937_64 &rng) {
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> exponent(-12, 8);
+  const size_t n = bytes.size() / dtype_size(dt);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = std::ldexp(normal(rng), exponent(rng));
+    char *p = bytes.data() + i * dtype_size(dt);
+    if (dt == DType::kFloat32) {
+      std::memcpy(p, &v, 4);
+    } else if (dt == DType::kFloat16) {
+      const _Float16 h = static_cast<_Float16>(v);
+      std::memcpy(p, &h, 2);
+    } else {
+      const BFloat16 b(v);
+      std::memcpy(p, &b, 2);
+    }
+  }
+}
+
+struct Tensor {
+  DType dtype;
+  size_t shift;           // elements before element 0: misaligns it
+  std::vector<char> host; // the twin's copy
+  std::vector<char> emul; // the emulated kernel's copy
+  char *base(std::vector<char> &v) {
+    return v.data() + shift * dtype_size(dtype);
+  }
+};
+
+bool same(const std::vector<char> &a, const std::vector<char> &b,
+          const std::string &what, int c) {
+  if (a == b)
+    return true;
+  size_t i = 0;
+  while (a[i] == b[i])
+    ++i;
+  std::printf("case %d: %s differ at byte %zu (twin %02x, kernel %02x)\n", c,
+              what.c_str(), i, a[i] & 0xff, b[i] & 0xff);
+  return false;
+}
+
+bool run_case(int c, std::mt19937_64 &rng) {
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  const DType wire = kDevice[pick(3)];
+  const float scales[] = {1.0f, 0.5f, 3.0f, -1.25f, 0.1f};
+  const int divisors[] = {1, 2, 3, 7, 8};
+  const float scale = scales[pick(5)];
+  const int divisor = divisors[pick(5)];
+  const size_t sizes[] = {1, 3, 7, 8, 9, 31, 4095, 4096, 4097, 8195, 12289};
+
+  // Tensors, each cut into a few segments (a split tensor), some of them
+  // with address 0.
+  std::vector<Tensor> tensors(1 + pick(6));
+  std::vector<PackSegment> host_segments, emul_segments;
+  for (Tensor &t : tensors) {
+    t.dtype = kDevice[pick(3)];
+    t.shift = pick(9);
+    const size_t count = pick(4) == 0 ? 1 + pick(40000) : sizes[pick(11)];
+    t.host.resize((t.shift + count) * dtype_size(t.dtype));
+    fill(t.host, t.dtype, rng);
+    t.emul = t.host;
+    const bool zeros = pick(10) == 0;
+    for (size_t done = 0; done < count;) {
+      const size_t take = std::min(count - done, 1 + pick(count));
+      host_segments.push_back(
+          {zeros ? nullptr : t.base(t.host), t.dtype, done, take});
+      emul_segments.push_back(
+          {zeros ? nullptr : t.base(t.emul), t.dtype, done, take});
+      done += take;
+    }
+  }
+  PackTable host_table, emul_table;
+  if (!build_pack_table(host_segments.data(), host_segments.size(), wire,
+                        &host_table)
+           .ok() ||
+      !build_pack_table(emul_segments.data(), emul_segments.size(), wire,
+                        &emul_table)
+           .ok()) {
+    std::printf("case %d: build_pack_table failed\n", c);
+    return false;
+  }
+  // The bucket starts `bshift` elements into its buffer, guards after it.
+  const size_t w = dtype_size(wire), bshift = pick(9), guard = 5;
+  std::vector<char> host_bucket((bshift + host_table.count + guard) * w,
+                                char(0xA5));
+  std::vector<char> emul_bucket = host_bucket;
+  pack_host(host_table, host_bucket.data() + bshift * w, wire, scale);
+  run_kernel(emul_table, emul_bucket.data() + bshift * w, wire, true, scale, 1);
+  if (!same(host_bucket, emul_bucket, "packed buckets", c))
+    return false;
+
+  // Unpack a bucket of fresh values into the tensors.
+  std::vector<char> payload(host_table.count * w);
+  fill(payload, wire, rng);
+  std::memcpy(host_bucket.data() + bshift * w, payload.data(), payload.size());
+  std::memcpy(emul_bucket.data() + bshift * w, payload.data(), payload.size());
+  unpack_host(host_table, host_bucket.data() + bshift * w, wire, scale,
+              divisor);
+  run_kernel(emul_table, emul_bucket.data() + bshift * w, wire, false, scale,
+             divisor);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!same(tensors[i].host, tensors[i].emul,
+              "unpacked tensor " + std::to_string(i), c))
+      return false;
+  }
+  return true;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  const int cases = argc > 1 ? std::atoi(argv[1]) : 300;
+  std::mt19937_64 rng(argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1);
+  for (int c = 0; c < cases; ++c) {
+    if (!run_case(c, rng))
+      return 1;
+  }
+  std::printf("emulate_pack: %d cases passed\n", cases);
+  return 0;
+}
