@@ -46,14 +46,9 @@ def synchronize():
 
 # --- tensors on both sides ---------------------------------------------------
 
-class Tensor:
-    """`n` elements of `dtype` at element `shift` of a larger random array,
-    once on the host and once (the same bits) on the device."""
-
-    def __init__(self, n, dtype, rng, shift=0, pad=3):
-        self.n, self.dtype, self.shift = n, dtype, shift
-        self.host = random_values(shift + n + pad, dtype, rng)
-        self.dev = cupy.asarray(self.host)
+class Mirrored:
+    """`n` elements at element `shift` of an array held twice, on the host
+    (`host`) and on the device (`dev`)."""
 
     def host_view(self):
         return self.host[self.shift:self.shift + self.n]
@@ -62,7 +57,18 @@ class Tensor:
         return self.dev[self.shift:self.shift + self.n]
 
     def check(self, what):
+        """The whole arrays, padding included, agree bit for bit."""
         assert_bits(self.dev.get(), self.host, what)
+
+
+class Tensor(Mirrored):
+    """`n` elements of `dtype` at element `shift` of a larger random array,
+    once on the host and once (the same bits) on the device."""
+
+    def __init__(self, n, dtype, rng, shift=0, pad=3):
+        self.n, self.dtype, self.shift = n, dtype, shift
+        self.host = random_values(shift + n + pad, dtype, rng)
+        self.dev = cupy.asarray(self.host)
 
 
 def segments(specs, side):
@@ -79,7 +85,7 @@ def segments(specs, side):
     return out
 
 
-class Bucket:
+class Bucket(Mirrored):
     """A bucket of `n` wire elements at element `shift` of an array, on
     both sides, GUARD elements of it after the bucket; 0xA5 bytes unless
     given random content."""
@@ -99,15 +105,6 @@ class Bucket:
     @property
     def dev_address(self):
         return self.dev[self.shift:].data.ptr
-
-    def host_view(self):
-        return self.host[self.shift:self.shift + self.n]
-
-    def dev_view(self):
-        return self.dev[self.shift:self.shift + self.n]
-
-    def check(self, what):
-        assert_bits(self.dev.get(), self.host, what)
 
 
 def total_of(specs):
