@@ -26,6 +26,11 @@ without the solver:
 - ``T_cb_new``: the same with a new callback every step, its creation timed
   (what nnabla-examples do).
 
+The callback's engine chooses on its first iterations whether to launch
+buckets as they become ready or all at the end of backward (``auto``, the
+default; ``NNCOMM_LAUNCH=eager`` or ``deferred`` fixes it). The script runs
+the callback until that choice is made, prints it, then times.
+
 Before the rounds a "link check" times MPI's own ``Allreduce`` of as many
 bytes on a numpy array (three times), to show what the transport gives, and
 the CPU time it takes (``--only-link-check`` does only that).
@@ -290,6 +295,16 @@ def mlp(args, comm, world, have_cb, say):
     methods = {"fb": fb, "comm": comm_only, "seq": seq}
     if have_cb:
         verify("before timing")
+        # The engine times eager and deferred launching on its first
+        # iterations (NNCOMM_LAUNCH=auto); a training loop is past that
+        # after a few steps, so the timing starts once it has chosen.
+        steps = 0
+        while cb.schedule == "tuning" and steps < 50:
+            with_cb()
+            steps += 1
+        say(f"# launch schedule: {cb.schedule} (NNCOMM_LAUNCH="
+            f"{os.environ.get('NNCOMM_LAUNCH', 'unset')}; {steps} more "
+            f"steps of tuning before timing)")
         methods["cb"] = with_cb
         if not args.no_new_cb:
             methods["cb_new"] = with_new_cb

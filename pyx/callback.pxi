@@ -87,6 +87,24 @@ cdef class AllReduceCallback:
     cdef vector[int] pending
     cdef Py_ssize_t calls_left
 
+    @property
+    def schedule(self):
+        """str: when the engine of the latest backward will launch its
+        buckets:
+        ``'eager'`` (each as soon as its gradients are final, overlapping
+        the rest of backward), ``'deferred'`` (all once backward has made
+        the last gradient), or ``'tuning'`` while the automatic choice is
+        timing both on the first iterations. ``None`` before the first
+        backward. ``NNCOMM_LAUNCH=eager`` or ``deferred`` fixes it.
+        """
+        if self.current is None:
+            return None
+        cdef cpp_bool decided = False
+        cdef Launch launch = self.current.engine.get().launch(&decided)
+        if not decided:
+            return "tuning"
+        return "eager" if launch == Launch.kEager else "deferred"
+
     def __call__(self, f):
         if self.active and f == self.root:
             self._abandon()

@@ -82,6 +82,12 @@ cdef extern from "nncomm/bucket_plan.hpp" namespace "nncomm" nogil:
                                 size_t direct_count)
 
 
+cdef extern from "nncomm/launch_tuner.hpp" namespace "nncomm" nogil:
+    enum class Launch(int):
+        kEager
+        kDeferred
+
+
 cdef extern from "nncomm/engine.hpp" namespace "nncomm" nogil:
     cdef cppclass Engine:
         Engine(unique_ptr[MpiTransport] transport, size_t num_tensors,
@@ -90,6 +96,7 @@ cdef extern from "nncomm/engine.hpp" namespace "nncomm" nogil:
         void mark_ready(size_t tensor, void* ptr, DType dtype)
         void fail(const string& message)
         Status finish()
+        Launch launch(bool* decided)
 
 
 cdef extern from "nncomm/config.hpp" namespace "nncomm::config" nogil:

@@ -231,11 +231,12 @@ Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
 }
 
 Status reduce_in_place(const MpiTransport &transport, void *ptr, size_t count,
-                       DType dt, float scale, int divisor, int poll_us) {
+                       DType dt, float scale, int divisor,
+                       const Polling *polling) {
   // This rank's share is scaled where it lies; the sum overwrites it. Both
   // passes run piece by piece, next to the piece's reduction.
   return transport.allreduce(
-      ptr, count, dt, poll_us,
+      ptr, count, dt, polling,
       [&](void *piece, size_t n) {
         convert_scaled(piece, dt, piece, dt, n, scale, 1);
       },

@@ -38,6 +38,20 @@ int engine_poll_us() {
   return value;
 }
 
+const Launch *engine_launch() {
+  static const Launch eager = Launch::kEager, deferred = Launch::kDeferred;
+  static const Launch *value = [] {
+    const char *v = std::getenv("NNCOMM_LAUNCH");
+    const std::string name = v == nullptr ? "" : v;
+    if (name == "eager")
+      return &eager;
+    if (name == "deferred")
+      return &deferred;
+    return static_cast<const Launch *>(nullptr);
+  }();
+  return value;
+}
+
 size_t chunk_bytes() {
   static const size_t value = env_bytes("NNCOMM_CHUNK_BYTES", 4u << 20);
   return value;

@@ -5,14 +5,17 @@
 #include <cstring>
 
 #include "nncomm/collectives.hpp"
+#include "nncomm/config.hpp"
 
 namespace nncomm {
 
 Engine::Engine(std::unique_ptr<MpiTransport> transport, size_t num_tensors,
                std::vector<Bucket> plan, int poll_us)
-    : transport_(std::move(transport)), plan_(std::move(plan)),
-      poll_us_(poll_us), buckets_of_(num_tensors), pending_(plan_.size()),
-      ptrs_(num_tensors, nullptr), dtypes_(num_tensors, DType::kFloat32) {
+    : transport_(std::move(transport)),
+      plan_(std::move(plan)), polling_{poll_us, &hurry_},
+      buckets_of_(num_tensors), pending_(plan_.size()),
+      ptrs_(num_tensors, nullptr), dtypes_(num_tensors, DType::kFloat32),
+      tuner_(config::engine_launch()) {
   for (size_t b = 0; b < plan_.size(); ++b) {
     for (size_t t : plan_[b].tensors)
       buckets_of_[t].push_back(b);
@@ -36,12 +39,16 @@ void Engine::begin(float scale, int divisor) {
   }
   std::fill(ptrs_.begin(), ptrs_.end(), nullptr);
   next_ = 0;
+  ready_ = 0;
   active_ = !plan_.empty();
   failed_here_ = failed_elsewhere_ = false;
   failure_.clear();
   error_ = Status::Ok();
   scale_ = scale;
   divisor_ = divisor;
+  hurry_ = false;
+  launch_ = tuner_.next();
+  started_ = std::chrono::steady_clock::now();
 }
 
 void Engine::mark_ready(size_t tensor, void *ptr, DType dtype) {
@@ -54,7 +61,8 @@ void Engine::mark_ready(size_t tensor, void *ptr, DType dtype) {
     dtypes_[tensor] = dtype;
     for (size_t b : buckets_of_[tensor]) {
       const bool last = --pending_[b] == 0;
-      wake = wake || (last && b == next_);
+      ready_ += last;
+      wake = wake || (last && (b == next_ || ready_ == plan_.size()));
     }
   }
   if (wake)
@@ -74,6 +82,7 @@ void Engine::fail(const std::string &message) {
 }
 
 Status Engine::finish() {
+  hurry_ = true;
   std::unique_lock<std::mutex> lock(mutex_);
   changed_.wait(lock, [this] { return !active_; });
   if (failed_here_)
@@ -92,8 +101,10 @@ void Engine::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     changed_.wait(lock, [this] {
-      return stop_ ||
-             (active_ && (next_ == plan_.size() || pending_[next_] == 0));
+      return stop_ || (active_ && (next_ == plan_.size() ||
+                                   (pending_[next_] == 0 &&
+                                    (launch_ == Launch::kEager ||
+                                     ready_ == plan_.size() || failed_here_))));
     });
     if (stop_)
       return;
@@ -101,8 +112,11 @@ void Engine::run() {
     if (next_ == plan_.size()) {
       lock.unlock();
       bool any_failed = false;
-      Status status = agree_on_failure(failed, &any_failed);
+      double seconds = 0;
+      Status status = close_iteration(failed, &any_failed, &seconds);
       lock.lock();
+      if (status.ok() && !any_failed)
+        tuner_.record(seconds);
       failed_elsewhere_ = any_failed;
       if (!status.ok() && error_.ok())
         error_ = status;
@@ -127,12 +141,22 @@ void Engine::run() {
   }
 }
 
-Status Engine::agree_on_failure(bool failed, bool *any_failed) {
-  int32_t flag = failed ? 1 : 0;
+Status Engine::close_iteration(bool failed, bool *any_failed, double *seconds) {
+  const auto elapsed = std::chrono::steady_clock::now() - started_;
+  int64_t round[2] = {
+      failed ? 1 : 0,
+      std::chrono::duration_cast<std::chrono::microseconds>(elapsed).count()};
   NNCOMM_RETURN_IF_ERROR(
-      transport_->allreduce(&flag, 1, DType::kInt32, poll_us_));
-  *any_failed = flag > 0;
+      transport_->allreduce(round, 2, DType::kInt64, &polling_));
+  *any_failed = round[0] > 0;
+  *seconds = static_cast<double>(round[1]) * 1e-6;
   return Status::Ok();
+}
+
+Launch Engine::launch(bool *decided) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  *decided = tuner_.decided();
+  return tuner_.next();
 }
 
 Status Engine::reduce_direct(const Bucket &bucket, bool failed) {
@@ -144,11 +168,11 @@ Status Engine::reduce_direct(const Bucket &bucket, bool failed) {
     const size_t bytes = s.count * dtype_size(bucket.dtype);
     NNCOMM_RETURN_IF_ERROR(staging_.reserve(bytes, &zeros));
     std::memset(zeros, 0, bytes);
-    return transport_->allreduce(zeros, s.count, bucket.dtype, poll_us_);
+    return transport_->allreduce(zeros, s.count, bucket.dtype, &polling_);
   }
   return reduce_in_place(*transport_,
                          ptr + s.tensor_offset * dtype_size(bucket.dtype),
-                         s.count, bucket.dtype, scale_, divisor_, poll_us_);
+                         s.count, bucket.dtype, scale_, divisor_, &polling_);
 }
 
 Status Engine::reduce_bucket(size_t b, bool failed) {
@@ -168,7 +192,7 @@ Status Engine::reduce_bucket(size_t b, bool failed) {
       staging_.reserve(table_.count * dtype_size(bucket.dtype), &buffer));
   NNCOMM_RETURN_IF_ERROR(pack_host(table_, buffer, bucket.dtype, scale_));
   NNCOMM_RETURN_IF_ERROR(
-      transport_->allreduce(buffer, table_.count, bucket.dtype, poll_us_));
+      transport_->allreduce(buffer, table_.count, bucket.dtype, &polling_));
   if (failed)
     return Status::Ok();
   return unpack_host(table_, buffer, bucket.dtype, 1.0f, divisor_);

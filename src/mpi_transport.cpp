@@ -152,13 +152,13 @@ MpiTransport::~MpiTransport() {
     MPI_Comm_free(&comm_);
 }
 
-Status MpiTransport::allreduce(void *buf, size_t count, DType dt, int poll_us,
-                               const PieceFn &before,
+Status MpiTransport::allreduce(void *buf, size_t count, DType dt,
+                               const Polling *polling, const PieceFn &before,
                                const PieceFn &after) const {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
   const auto sum_piece = [&](char *piece, int n) {
-    if (poll_us < 0) {
+    if (polling == nullptr) {
       NNCOMM_MPI_CALL(MPI_Allreduce, MPI_IN_PLACE, piece, n, mpi_type(dt), op,
                       comm_);
       return Status::Ok();
@@ -170,8 +170,10 @@ Status MpiTransport::allreduce(void *buf, size_t count, DType dt, int poll_us,
       NNCOMM_MPI_CALL(MPI_Test, &request, &done, MPI_STATUS_IGNORE);
       if (done)
         return Status::Ok();
-      if (poll_us > 0) {
-        std::this_thread::sleep_for(std::chrono::microseconds(poll_us));
+      const bool hurry = polling->hurry != nullptr && polling->hurry->load();
+      if (polling->interval_us > 0 && !hurry) {
+        std::this_thread::sleep_for(
+            std::chrono::microseconds(polling->interval_us));
       }
     }
   };

@@ -66,17 +66,25 @@ def test_all_reduce_callback_training_equals_single_process(n):
     run_worker("callback_training", n)
 
 
-# The callback's buckets cut into 4 KiB MPI pieces, and its engine thread
+@pytest.mark.parametrize("launch", ("eager", "deferred"))
+def test_all_reduce_callback_training_with_a_fixed_schedule(launch):
+    out = run_worker("callback_training", 2, env={"NNCOMM_LAUNCH": launch})
+    assert f"NNCOMM_LAUNCH={launch}" in out
+
+
+# The callback's buckets cut into 4 KiB MPI pieces; its engine thread
 # spinning on MPI_Test instead of sleeping between tests (only at 2 ranks:
-# three spinning ranks on two cores take a minute).
+# three spinning ranks on two cores take a minute); its buckets all
+# launched at the end of backward.
 CALLBACK_TUNED = {
     "chunk4k": {"NNCOMM_CHUNK_BYTES": "4096"},
     "poll0": {"NNCOMM_ENGINE_POLL_US": "0"},
+    "deferred": {"NNCOMM_LAUNCH": "deferred"},
 }
 
 
 @pytest.mark.parametrize("tuning,n", [("chunk4k", 2), ("chunk4k", 3),
-                                      ("poll0", 2)])
+                                      ("poll0", 2), ("deferred", 3)])
 def test_all_reduce_callback_tuned(tuning, n):
     out = run_worker("callback", n, env=CALLBACK_TUNED[tuning])
     for key, value in CALLBACK_TUNED[tuning].items():

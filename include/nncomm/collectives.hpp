@@ -47,9 +47,10 @@ Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
 
 // Sums `ptr` times `scale` over the transport's ranks, in place, then
 // divides it by `divisor`: the reduction of one array that travels where it
-// lies (poll_us as in MpiTransport::allreduce).
+// lies (`polling` as in MpiTransport::allreduce).
 Status reduce_in_place(const MpiTransport &transport, void *ptr, size_t count,
-                       DType dt, float scale, int divisor, int poll_us = -1);
+                       DType dt, float scale, int divisor,
+                       const Polling *polling = nullptr);
 
 // Sums each array into rank `root` (the mean with `division`); the arrays
 // of the other ranks stay unchanged.

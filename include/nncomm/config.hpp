@@ -4,6 +4,8 @@
 
 #include <cstddef>
 
+#include "nncomm/launch_tuner.hpp"
+
 namespace nncomm {
 namespace config {
 
@@ -28,6 +30,12 @@ size_t huge_page_bytes();
 // mismatch then raises ValueError on every rank instead of MPI failing or
 // aborting. Costs one small all-reduce per call. NNCOMM_CHECK_CALLS=1.
 bool check_calls();
+
+// When the callback engine launches buckets: "eager" (as each is ready),
+// "deferred" (all at the end of backward) or "auto" (the default: timed on
+// the first iterations, see launch_tuner.hpp); nullptr for auto.
+// NNCOMM_LAUNCH.
+const Launch *engine_launch();
 
 // How often, in microseconds, the callback engine's thread tests a
 // reduction in flight (0: it spins). NNCOMM_ENGINE_POLL_US.

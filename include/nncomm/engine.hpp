@@ -12,12 +12,18 @@
 // Direct buckets (one piece of one tensor, see bucket_plan.hpp) are scaled,
 // reduced and divided where they lie.
 //
+// Buckets go out as soon as they are ready, or all once the last is ready,
+// as the LaunchTuner says; either way in plan order.
+//
 // A rank that fails locally mid-iteration (fail()) still sends every
 // remaining bucket, zero-filled, so that no rank is left waiting; after the
-// last bucket the ranks sum one flag, so every rank learns whether some rank
-// failed.
+// last bucket the ranks sum a failure flag and the iteration's time, so
+// every rank learns whether some rank failed, and every rank's tuner sees
+// the same times.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <memory>
@@ -28,6 +34,7 @@
 
 #include "nncomm/bucket_plan.hpp"
 #include "nncomm/fusion_buffer.hpp"
+#include "nncomm/launch_tuner.hpp"
 #include "nncomm/mpi_transport.hpp"
 #include "nncomm/pack.hpp"
 #include "nncomm/status.hpp"
@@ -57,18 +64,23 @@ public:
   // Waits until every bucket of the iteration is reduced. Fails with this
   // rank's own error, an MPI error, or the news that another rank failed.
   Status finish();
+  // The schedule of the next iteration; `*decided`: whether the tuner has
+  // settled on it (launch_tuner.hpp).
+  Launch launch(bool *decided);
 
 private:
   void run();
   // Pack, all-reduce and unpack bucket `b`; `failed` sends zeros instead.
   Status reduce_bucket(size_t b, bool failed);
   Status reduce_direct(const Bucket &bucket, bool failed);
-  // The flag round after the last bucket: did any rank fail?
-  Status agree_on_failure(bool failed, bool *any_failed);
+  // The round after the last bucket: did any rank fail, and how long did
+  // the iteration take on all ranks together (for the tuner)?
+  Status close_iteration(bool failed, bool *any_failed, double *seconds);
 
   const std::unique_ptr<MpiTransport> transport_;
   const std::vector<Bucket> plan_;
-  const int poll_us_;
+  std::atomic<bool> hurry_{false}; // finish() is waiting: poll without pause
+  const Polling polling_;
   std::vector<std::vector<size_t>> buckets_of_; // tensor -> its buckets
   // Used by the thread only, reused for every bucket.
   FusionBuffer staging_;
@@ -77,11 +89,15 @@ private:
 
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::vector<size_t> pending_; // bucket -> tensors not ready yet
-  std::vector<void *> ptrs_;    // tensor -> its memory this iteration
-  std::vector<DType> dtypes_;   // tensor -> its dtype this iteration
-  size_t next_ = 0;             // next bucket; plan size: the flag round
-  bool active_ = false;         // an iteration is under way
+  std::vector<size_t> pending_;    // bucket -> tensors not ready yet
+  std::vector<void *> ptrs_;       // tensor -> its memory this iteration
+  std::vector<DType> dtypes_;      // tensor -> its dtype this iteration
+  size_t next_ = 0;                // next bucket; plan size: the flag round
+  size_t ready_ = 0;               // buckets whose tensors are all ready
+  Launch launch_ = Launch::kEager; // this iteration's schedule
+  LaunchTuner tuner_;
+  std::chrono::steady_clock::time_point started_;
+  bool active_ = false; // an iteration is under way
   bool stop_ = false;
   bool failed_here_ = false;
   bool failed_elsewhere_ = false;

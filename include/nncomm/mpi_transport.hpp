@@ -7,6 +7,7 @@
 // is made without the GIL by the binding.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -18,6 +19,16 @@
 #include "nncomm/status.hpp"
 
 namespace nncomm {
+
+// How a background thread waits for a nonblocking reduction: it tests the
+// request every `interval_us` microseconds and sleeps in between, so that
+// its core goes to computation (MPICH's blocking calls would spin on it),
+// until `*hurry` is set: then the computation is itself waiting for the
+// reduction, and testing without a pause costs nothing and ends it sooner.
+struct Polling {
+  int interval_us = 0;
+  const std::atomic<bool> *hurry = nullptr;
+};
 
 class MpiTransport {
 public:
@@ -47,14 +58,13 @@ public:
   // Work on one piece of a large buffer (its address and element count).
   using PieceFn = std::function<void(void *piece, size_t count)>;
 
-  // Sums `buf` over all ranks, in place. With `poll_us` >= 0 the reduction
-  // is nonblocking and tested every `poll_us` microseconds: a background
-  // thread waiting on the network then leaves its core to computation,
-  // where MPICH's blocking calls would spin on it. Large buffers travel in
-  // pieces; `before` and `after`, when given, run on each piece just before
-  // and after it is summed, while it is still in cache, which saves the
-  // memory pass a separate scaling or division over `buf` would cost.
-  Status allreduce(void *buf, size_t count, DType dt, int poll_us = -1,
+  // Sums `buf` over all ranks, in place; with `polling`, nonblocking and
+  // waited for as it says, else blocking. Large buffers travel in pieces;
+  // `before` and `after`, when given, run on each piece just before and
+  // after it is summed, while it is still in cache, which saves the memory
+  // pass a separate scaling or division over `buf` would cost.
+  Status allreduce(void *buf, size_t count, DType dt,
+                   const Polling *polling = nullptr,
                    const PieceFn &before = nullptr,
                    const PieceFn &after = nullptr) const;
   // Sums `buf` into `root`'s `buf`; other ranks' `buf` stay unchanged.

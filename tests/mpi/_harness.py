@@ -266,7 +266,7 @@ def env_note():
     """The tunables in effect, for the report line."""
     return " ".join(f"{k}={os.environ[k]}" for k in
                     ("NNCOMM_DIRECT_BYTES", "NNCOMM_CHUNK_BYTES",
-                     "NNCOMM_ENGINE_POLL_US")
+                     "NNCOMM_ENGINE_POLL_US", "NNCOMM_LAUNCH")
                     if k in os.environ)
 
 

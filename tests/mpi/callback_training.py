@@ -16,9 +16,14 @@ between two frozen models.
 
 Models: an MLP (callback created once, reused every step, pack_size 100:
 several buckets) and a small conv net (a new callback every step, as
-nnabla-examples do, pack_size 2 << 20).
+nnabla-examples do, pack_size 2 << 20). The engine's launch schedule is
+timed on the first steps and settled well before the 20th, the same on
+every rank; the suite also runs this with each schedule forced.
 """
+import os
+
 import numpy as np
+from mpi4py import MPI
 from sklearn.datasets import load_digits
 
 import nnabla as nn
@@ -26,7 +31,7 @@ import nnabla.functions as F
 import nnabla.parametric_functions as PF
 import nnabla.solvers as S
 
-from _harness import Checker, make_comm, world_gather
+from _harness import Checker, env_note, make_comm, world_gather
 
 BATCH, STEPS = 64, 20
 LR, MOMENTUM = 0.1, 0.9
@@ -34,6 +39,8 @@ LR, MOMENTUM = 0.1, 0.9
 # differences are ~3e-7 (see the report line), a missed or doubled
 # reduction moves parameters by ~1e-2.
 RTOL, ATOL = 1e-5, 2e-6
+# AllReduceCallback.schedule: timing both on the first iterations, then one.
+SCHEDULES = ("tuning", "eager", "deferred")
 
 
 def digits():
@@ -117,6 +124,14 @@ def train(ck, comm, name, net, reuse, pack, data):
         ck.true(all(np.array_equal(a, b) for mine in everyone
                     for a, b in zip(mine, everyone[0])),
                 f"{what}: parameters bit-identical on every rank")
+        schedules = MPI.COMM_WORLD.allgather(cb.schedule)
+        ck.true(len(set(schedules)) == 1 and schedules[0] in SCHEDULES,
+                f"{what}: one launch schedule on every rank ({schedules})")
+    forced = os.environ.get("NNCOMM_LAUNCH")
+    ck.true(cb.schedule == forced if forced in SCHEDULES else
+            cb.schedule in SCHEDULES[1:],
+            f"{name}: the launch schedule is settled after {STEPS} steps "
+            f"({cb.schedule}, NNCOMM_LAUNCH={forced})")
     moved = max(float(np.max(np.abs(p.d - initial[k])))
                 for k, p in params.items())
     ck.true(moved > 1000 * ATOL, f"{name}: training moved the parameters "
@@ -135,7 +150,7 @@ def main():
         worst, moved = train(ck, comm, name, net, reuse, pack, data)
         notes.append(f"{name}: max |dp - ref| {worst:.2g}, moved {moved:.2g}")
     if comm.rank == 0:
-        print("; ".join(notes), flush=True)
+        print("; ".join(notes + [env_note()]), flush=True)
     ck.finish()
 
 
