@@ -24,7 +24,8 @@ namespace nncomm {
 // request every `interval_us` microseconds and sleeps in between, so that
 // its core goes to computation (MPICH's blocking calls would spin on it),
 // until `*hurry` is set: then the computation is itself waiting for the
-// reduction, and testing without a pause costs nothing and ends it sooner.
+// reduction, and the thread tests again as soon as the scheduler lets it
+// (yielding, so that ranks sharing cores still get theirs).
 struct Polling {
   int interval_us = 0;
   const std::atomic<bool> *hurry = nullptr;
