@@ -38,16 +38,15 @@ int engine_poll_us() {
   return value;
 }
 
-const Launch *engine_launch() {
-  static const Launch eager = Launch::kEager, deferred = Launch::kDeferred;
-  static const Launch *value = [] {
+std::optional<Launch> engine_launch() {
+  static const std::optional<Launch> value = []() -> std::optional<Launch> {
     const char *v = std::getenv("NNCOMM_LAUNCH");
     const std::string name = v == nullptr ? "" : v;
     if (name == "eager")
-      return &eager;
+      return Launch::kEager;
     if (name == "deferred")
-      return &deferred;
-    return static_cast<const Launch *>(nullptr);
+      return Launch::kDeferred;
+    return std::nullopt;
   }();
   return value;
 }

@@ -47,7 +47,6 @@ void Engine::begin(float scale, int divisor) {
   scale_ = scale;
   divisor_ = divisor;
   hurry_ = false;
-  launch_ = tuner_.next();
   started_ = std::chrono::steady_clock::now();
 }
 
@@ -103,7 +102,7 @@ void Engine::run() {
     changed_.wait(lock, [this] {
       return stop_ || (active_ && (next_ == plan_.size() ||
                                    (pending_[next_] == 0 &&
-                                    (launch_ == Launch::kEager ||
+                                    (tuner_.next() == Launch::kEager ||
                                      ready_ == plan_.size() || failed_here_))));
     });
     if (stop_)

@@ -11,9 +11,8 @@ double median(std::vector<double> v) {
 }
 } // namespace
 
-LaunchTuner::LaunchTuner(const Launch *fixed)
-    : decided_(fixed != nullptr),
-      next_(fixed != nullptr ? *fixed : Launch::kEager) {}
+LaunchTuner::LaunchTuner(std::optional<Launch> fixed)
+    : decided_(fixed.has_value()), next_(fixed.value_or(Launch::kEager)) {}
 
 void LaunchTuner::record(double seconds) {
   if (decided_)

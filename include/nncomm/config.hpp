@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 
 #include "nncomm/launch_tuner.hpp"
 
@@ -33,9 +34,8 @@ bool check_calls();
 
 // When the callback engine launches buckets: "eager" (as each is ready),
 // "deferred" (all at the end of backward) or "auto" (the default: timed on
-// the first iterations, see launch_tuner.hpp); nullptr for auto.
-// NNCOMM_LAUNCH.
-const Launch *engine_launch();
+// the first iterations, see launch_tuner.hpp; empty). NNCOMM_LAUNCH.
+std::optional<Launch> engine_launch();
 
 // How often, in microseconds, the callback engine's thread tests a
 // reduction in flight (0: it spins). NNCOMM_ENGINE_POLL_US.

@@ -89,12 +89,13 @@ private:
 
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::vector<size_t> pending_;    // bucket -> tensors not ready yet
-  std::vector<void *> ptrs_;       // tensor -> its memory this iteration
-  std::vector<DType> dtypes_;      // tensor -> its dtype this iteration
-  size_t next_ = 0;                // next bucket; plan size: the flag round
-  size_t ready_ = 0;               // buckets whose tensors are all ready
-  Launch launch_ = Launch::kEager; // this iteration's schedule
+  std::vector<size_t> pending_; // bucket -> tensors not ready yet
+  std::vector<void *> ptrs_;    // tensor -> its memory this iteration
+  std::vector<DType> dtypes_;   // tensor -> its dtype this iteration
+  size_t next_ = 0;             // next bucket; plan size: the flag round
+  size_t ready_ = 0;            // buckets whose tensors are all ready
+  // Its next() is this iteration's schedule: it changes only when the
+  // iteration's closing round is recorded.
   LaunchTuner tuner_;
   std::chrono::steady_clock::time_point started_;
   bool active_ = false; // an iteration is under way

@@ -14,6 +14,7 @@
 // group's ranks, which every rank sees alike, so all ranks choose alike.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 namespace nncomm {
@@ -22,8 +23,8 @@ enum class Launch { kEager, kDeferred };
 
 class LaunchTuner {
 public:
-  // `fixed`: always that schedule; nullptr: choose by measurement.
-  explicit LaunchTuner(const Launch *fixed);
+  // `fixed`: always that schedule; empty: choose by measurement.
+  explicit LaunchTuner(std::optional<Launch> fixed);
 
   // The schedule of the coming iteration.
   Launch next() const { return next_; }
