@@ -32,25 +32,19 @@ void convert_from(To *dst, const From *src, size_t count, Scaling s) {
                           static_cast<Wide>(s.divide));
 }
 
-template <typename To>
-void convert_to(To *dst, const void *src, DType src_dt, size_t count,
-                Scaling scaling) {
-  switch (src_dt) {
-  case DType::kFloat32:
-    convert_from(dst, static_cast<const float *>(src), count, scaling);
-    break;
-  case DType::kFloat64:
-    convert_from(dst, static_cast<const double *>(src), count, scaling);
-    break;
-  case DType::kFloat16:
-    convert_from(dst, static_cast<const _Float16 *>(src), count, scaling);
-    break;
-  case DType::kBFloat16:
-    convert_from(dst, static_cast<const BFloat16 *>(src), count, scaling);
-    break;
-  default: break;
+// Calls f(static_cast<T *>(nullptr)) with T the C++ type of `dt`.
+template <typename F> void with_type(DType dt, F &&f) {
+  switch (dt) {
+  case DType::kFloat32: f(static_cast<float *>(nullptr)); break;
+  case DType::kFloat64: f(static_cast<double *>(nullptr)); break;
+  case DType::kFloat16: f(static_cast<_Float16 *>(nullptr)); break;
+  case DType::kBFloat16: f(static_cast<BFloat16 *>(nullptr)); break;
+  case DType::kInt32: f(static_cast<int32_t *>(nullptr)); break;
+  case DType::kInt64: f(static_cast<int64_t *>(nullptr)); break;
   }
 }
+
+template <typename P> using Pointee = typename std::remove_pointer<P>::type;
 
 template <typename T> void write_as(void *dst, bool value) {
   T v = static_cast<T>(value ? 1.0f : 0.0f);
@@ -74,44 +68,30 @@ void convert_scaled(void *dst, DType dst_dt, const void *src, DType src_dt,
     return;
   }
   const Scaling scaling = make_scaling(scale, divisor);
-  switch (dst_dt) {
-  case DType::kFloat32:
-    convert_to(static_cast<float *>(dst), src, src_dt, count, scaling);
-    break;
-  case DType::kFloat64:
-    convert_to(static_cast<double *>(dst), src, src_dt, count, scaling);
-    break;
-  case DType::kFloat16:
-    convert_to(static_cast<_Float16 *>(dst), src, src_dt, count, scaling);
-    break;
-  case DType::kBFloat16:
-    convert_to(static_cast<BFloat16 *>(dst), src, src_dt, count, scaling);
-    break;
-  default: break;
-  }
+  with_type(dst_dt, [&](auto *to) {
+    with_type(src_dt, [&](auto *from) {
+      using To = Pointee<decltype(to)>;
+      using From = Pointee<decltype(from)>;
+      // Integers are only ever copied, above.
+      if constexpr (!std::is_integral<To>::value &&
+                    !std::is_integral<From>::value) {
+        convert_from(static_cast<To *>(dst), static_cast<const From *>(src),
+                     count, scaling);
+      }
+    });
+  });
 }
 
 void write_flag(void *dst, DType dt, bool value) {
-  switch (dt) {
-  case DType::kFloat32: write_as<float>(dst, value); break;
-  case DType::kFloat64: write_as<double>(dst, value); break;
-  case DType::kFloat16: write_as<_Float16>(dst, value); break;
-  case DType::kInt32: write_as<int32_t>(dst, value); break;
-  case DType::kInt64: write_as<int64_t>(dst, value); break;
-  case DType::kBFloat16: write_as<BFloat16>(dst, value); break;
-  }
+  with_type(dt,
+            [&](auto *type) { write_as<Pointee<decltype(type)>>(dst, value); });
 }
 
 bool read_flag(const void *src, DType dt) {
-  switch (dt) {
-  case DType::kFloat32: return read_as<float>(src);
-  case DType::kFloat64: return read_as<double>(src);
-  case DType::kFloat16: return read_as<_Float16>(src);
-  case DType::kInt32: return read_as<int32_t>(src);
-  case DType::kInt64: return read_as<int64_t>(src);
-  case DType::kBFloat16: return read_as<BFloat16>(src);
-  }
-  return false;
+  bool value = false;
+  with_type(dt,
+            [&](auto *type) { value = read_as<Pointee<decltype(type)>>(src); });
+  return value;
 }
 
 } // namespace nncomm
