@@ -95,9 +95,10 @@ cdef uintptr_t address_of(value, what) except? 0:
     return <uintptr_t>value
 
 
-cdef int lay_out(segments, wire_dtype, vector[PackSegment]& rows,
-                 PackTable* table) except -1:
-    """Checks `segments` and lays them out in `table`."""
+cdef DType lay_out(segments, wire_dtype, vector[PackSegment]& rows,
+                  PackTable* table) except *:
+    """Checks `segments` and lays them out in `table`; returns the wire
+    dtype's code."""
     cdef PackSegment row
     cdef DType wire = dtype_code(wire_dtype, "wire_dtype")
     rows.clear()
@@ -118,7 +119,7 @@ cdef int lay_out(segments, wire_dtype, vector[PackSegment]& rows,
         row.count = count
         rows.push_back(row)
     CHKSTATUS(build_pack_table(rows.data(), rows.size(), wire, table))
-    return 0
+    return wire
 
 
 def layout(segments, wire_dtype):
@@ -160,9 +161,8 @@ def pack(segments, bucket, wire_dtype, float scale=1.0):
     """
     cdef vector[PackSegment] rows
     cdef PackTable table
-    lay_out(segments, wire_dtype, rows, &table)
+    cdef DType wire = lay_out(segments, wire_dtype, rows, &table)
     cdef void* out = <void*>address_of(bucket, "bucket")
-    cdef DType wire = dtype_code(wire_dtype, "wire_dtype")
     cdef Status status
     with nogil:
         status = pack_host(table, out, wire, scale)
@@ -183,9 +183,8 @@ def unpack(segments, bucket, wire_dtype, float scale=1.0, int divisor=1):
     """
     cdef vector[PackSegment] rows
     cdef PackTable table
-    lay_out(segments, wire_dtype, rows, &table)
+    cdef DType wire = lay_out(segments, wire_dtype, rows, &table)
     cdef const void* src = <const void*>address_of(bucket, "bucket")
-    cdef DType wire = dtype_code(wire_dtype, "wire_dtype")
     cdef Status status
     with nogil:
         status = unpack_host(table, src, wire, scale, divisor)
@@ -245,9 +244,8 @@ cdef class CudaPacker:
         """
         cdef vector[PackSegment] rows
         cdef PackTable table
-        lay_out(segments, wire_dtype, rows, &table)
+        cdef DType wire = lay_out(segments, wire_dtype, rows, &table)
         cdef void* out = <void*>address_of(bucket, "bucket")
-        cdef DType wire = dtype_code(wire_dtype, "wire_dtype")
         cdef CudaStream s = <CudaStream>address_of(stream, "stream")
         cdef CudaEvent e = <CudaEvent>address_of(event, "event")
         cdef Status status
@@ -271,9 +269,8 @@ cdef class CudaPacker:
         """
         cdef vector[PackSegment] rows
         cdef PackTable table
-        lay_out(segments, wire_dtype, rows, &table)
+        cdef DType wire = lay_out(segments, wire_dtype, rows, &table)
         cdef const void* src = <const void*>address_of(bucket, "bucket")
-        cdef DType wire = dtype_code(wire_dtype, "wire_dtype")
         cdef CudaStream s = <CudaStream>address_of(stream, "stream")
         cdef CudaEvent e = <CudaEvent>address_of(event, "event")
         cdef Status status
