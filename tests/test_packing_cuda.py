@@ -275,6 +275,22 @@ def spin(stream):
         kernel((1,), (1,), (np.int64(SPIN_CYCLES),))
 
 
+def write_late(m, values, stream):
+    """Gives Mirrored `m` new values: on the host at once, on the device
+    only behind a long kernel on `stream`. Returns the event recorded after
+    the device write, which the stream has not reached yet."""
+    new_dev = cupy.asarray(values)
+    m.host_view()[:] = values
+    synchronize()
+    spin(stream)
+    with stream:
+        m.dev_view()[...] = new_dev
+    event = cupy.cuda.Event()
+    event.record(stream)
+    assert not event.done, "the writer finished too soon to show anything"
+    return event
+
+
 @pytest.mark.parametrize("wire", DEVICE)
 def test_pack_waits_for_the_event_on_its_stream(packer, wire):
     """The source is written on another stream after a long kernel; pack on
@@ -285,17 +301,9 @@ def test_pack_waits_for_the_event_on_its_stream(packer, wire):
     stream = cupy.cuda.Stream(non_blocking=True)
     t = Tensor(40000, "float32", rng, shift=1)
     new = random_values(t.n, "float32", rng)
-    new_dev = cupy.asarray(new)
-    t.host_view()[:] = new  # the host twin sees the new values at once
     specs = [(t, "float32", 0, 20000), (t, "float32", 20000, 20000)]
     bucket = Bucket(t.n, wire, shift=1)
-    synchronize()
-    spin(writer)
-    with writer:
-        t.dev_view()[...] = new_dev
-    event = cupy.cuda.Event()
-    event.record(writer)
-    assert not event.done, "the writer finished too soon to show anything"
+    event = write_late(t, new, writer)
     twin_pack(packer, specs, wire, 0.5, stream=stream.ptr, event=event.ptr,
               bucket=bucket)
     stream.synchronize()
@@ -311,16 +319,8 @@ def test_unpack_waits_for_the_event_on_its_stream(packer, dst):
     n = 40000
     bucket = Bucket(n, "float32", shift=1)
     new = random_values(n, "float32", rng)
-    new_dev = cupy.asarray(new)
-    bucket.host_view()[:] = new
     d = Tensor(n, dst, rng, shift=1)
-    synchronize()
-    spin(writer)
-    with writer:
-        bucket.dev_view()[...] = new_dev
-    event = cupy.cuda.Event()
-    event.record(writer)
-    assert not event.done, "the writer finished too soon to show anything"
+    event = write_late(bucket, new, writer)
     specs = [(d, dst, 0, n)]
     packing.unpack(segments(specs, "host"), bucket.host_address, "float32",
                    scale=3.0, divisor=3)
@@ -340,14 +340,9 @@ def test_work_goes_on_the_given_stream(packer):
     stream = cupy.cuda.Stream(non_blocking=True)
     t = Tensor(30000, "float16", rng, shift=3)
     new = random_values(t.n, "float16", rng)
-    new_dev = cupy.asarray(new)
-    t.host_view()[:] = new
     specs = [(t, "float16", 0, t.n)]
     bucket = Bucket(t.n, "bfloat16", shift=1)
-    synchronize()
-    spin(stream)
-    with stream:
-        t.dev_view()[...] = new_dev
+    write_late(t, new, stream)
     twin_pack(packer, specs, "bfloat16", -1.25, stream=stream.ptr,
               bucket=bucket)
     stream.synchronize()
@@ -355,13 +350,8 @@ def test_work_goes_on_the_given_stream(packer):
 
     # And unpack, of a bucket written in the same way.
     new = random_values(t.n, "bfloat16", rng)
-    new_dev = cupy.asarray(new)
-    bucket.host_view()[:] = new
     d = Tensor(t.n, "float32", rng)
-    synchronize()
-    spin(stream)
-    with stream:
-        bucket.dev_view()[...] = new_dev
+    write_late(bucket, new, stream)
     specs = [(d, "float32", 0, t.n)]
     packing.unpack(segments(specs, "host"), bucket.host_address, "bfloat16",
                    divisor=7)
