@@ -43,10 +43,11 @@ cdef extern from "nncomm/cuda_pack.hpp" namespace "nncomm" nogil:
     ctypedef void* CudaEvent
 
     bool cuda_packing_built()
+    const size_t kDefaultMaxTables "nncomm::CudaPacker::kDefaultMaxTables"
 
     cdef cppclass CppCudaPacker "nncomm::CudaPacker":
         @staticmethod
-        Status Create(unique_ptr[CppCudaPacker]* out)
+        Status Create(unique_ptr[CppCudaPacker]* out, size_t max_tables)
         Status pack(const PackTable& table, void* bucket, DType wire,
                     float scale, CudaStream stream, CudaEvent after)
         Status unpack(const PackTable& table, const void* bucket, DType wire,

@@ -197,12 +197,16 @@ cdef class CudaPacker:
     (float32, float16 and bfloat16 only).
 
     Launches are asynchronous on the given stream. A packer keeps the
-    segment tables of its last 8 distinct buckets in device memory, so the
-    buckets of a training loop are uploaded once. One packer's launches run
+    segment tables of its last ``max_tables`` distinct buckets in device
+    memory, so the buckets of a training loop are uploaded once (give it at
+    least as many as the loop has buckets). One packer's launches run
     in the order they were issued, so use one packer per stream to pack on
     several streams at once. Not for CUDA graph capture. NaN payloads and
     signs may differ from the host's where arithmetic is done (NaN stays
     NaN).
+
+    Args:
+        max_tables (int): segment tables kept in device memory.
 
     Example:
 
@@ -222,10 +226,10 @@ cdef class CudaPacker:
     """
     cdef unique_ptr[CppCudaPacker] packer
 
-    def __cinit__(self):
+    def __cinit__(self, size_t max_tables=kDefaultMaxTables):
         cdef Status status
         with nogil:
-            status = CppCudaPacker.Create(&self.packer)
+            status = CppCudaPacker.Create(&self.packer, max_tables)
         CHKSTATUS(status)
 
     def pack(self, segments, bucket, wire_dtype, float scale=1.0, stream=0,

@@ -64,10 +64,6 @@ private:
   bool entered_ = false;
 };
 
-// Tables a packer keeps on its device: a training step packs the same few
-// buckets every iteration, so each finds its table already there.
-constexpr size_t kTableSlots = 8;
-
 // One table in device memory, and the pinned host buffer it is uploaded
 // from.
 struct TableSlot {
@@ -85,13 +81,22 @@ struct TableSlot {
   }
 
   // Makes `table` hold `wanted`, uploading on `stream`. The caller has
-  // ordered `stream` after every kernel that may read `table`.
-  Status upload(const std::vector<PackEntry> &wanted, cudaStream_t stream) {
+  // ordered `stream` after every kernel that may read `table`; `kernels`
+  // completes when those kernels have.
+  Status upload(const std::vector<PackEntry> &wanted, cudaStream_t stream,
+                cudaEvent_t kernels) {
     rows.clear(); // unknown until the upload is enqueued
+    if (uploaded == nullptr) {
+      NNCOMM_CUDA_CALL(cudaEventCreateWithFlags, &uploaded,
+                       cudaEventDisableTiming);
+    }
     // The last upload may still read the staging buffer.
     NNCOMM_CUDA_CALL(cudaEventSynchronize, uploaded);
     if (wanted.size() > capacity) {
-      // cudaFree waits for the device, so no kernel still reads `table`.
+      // cudaFree "may" synchronise, CUDA says, so the host waits for the
+      // kernels that read `table` itself.
+      if (table != nullptr)
+        NNCOMM_CUDA_CALL(cudaEventSynchronize, kernels);
       NNCOMM_CUDA_CALL(cudaFree, table);
       NNCOMM_CUDA_CALL(cudaFreeHost, staging);
       table = nullptr;
@@ -118,11 +123,14 @@ struct TableSlot {
 
 bool cuda_packing_built() { return true; }
 
-// What a packer keeps on its device between buckets.
+// What a packer keeps on its device between buckets: the tables of the
+// last `max_tables` distinct buckets, since a training step packs the same
+// buckets every iteration and each should find its table already there.
 struct CudaPacker::Device {
   int ordinal = 0;
+  size_t max_tables = 0;
   std::mutex mutex; // one launch at a time: the slots are shared state
-  TableSlot slots[kTableSlots];
+  std::vector<TableSlot> slots;
   uint64_t uses = 0;
   cudaEvent_t kernel_done = nullptr; // after the last kernel launched
 
@@ -144,23 +152,30 @@ struct CudaPacker::Device {
   }
 
   // The device copy of `rows`, on `stream`: a slot that holds them already,
-  // else the least recently used slot, uploaded again.
+  // else a new slot while there are fewer than `max_tables`, else the least
+  // recently used one, uploaded again.
   Status table_for(const std::vector<PackEntry> &rows, cudaStream_t stream,
                    const PackEntry **table) {
-    TableSlot *chosen = nullptr;
+    TableSlot *chosen = nullptr, *oldest = nullptr;
     for (TableSlot &slot : slots) {
       if (slot.holds(rows)) {
         chosen = &slot;
         break;
       }
-      if (chosen == nullptr || slot.last_use < chosen->last_use)
-        chosen = &slot;
+      if (oldest == nullptr || slot.last_use < oldest->last_use)
+        oldest = &slot;
     }
-    if (chosen->holds(rows)) {
+    if (chosen != nullptr) {
       // Uploaded earlier, maybe on another stream.
       NNCOMM_CUDA_CALL(cudaStreamWaitEvent, stream, chosen->uploaded, 0);
     } else {
-      NNCOMM_RETURN_IF_ERROR(chosen->upload(rows, stream));
+      if (slots.size() < max_tables) {
+        slots.emplace_back();
+        chosen = &slots.back();
+      } else {
+        chosen = oldest;
+      }
+      NNCOMM_RETURN_IF_ERROR(chosen->upload(rows, stream, kernel_done));
     }
     chosen->last_use = ++uses;
     *table = chosen->table;
@@ -168,15 +183,15 @@ struct CudaPacker::Device {
   }
 };
 
-Status CudaPacker::Create(std::unique_ptr<CudaPacker> *out) {
+Status CudaPacker::Create(std::unique_ptr<CudaPacker> *out, size_t max_tables) {
+  if (max_tables < 1)
+    return Status::InvalidArgument("max_tables must be at least 1");
   std::unique_ptr<Device> device(new Device);
+  device->max_tables = max_tables;
+  device->slots.reserve(max_tables);
   NNCOMM_CUDA_CALL(cudaGetDevice, &device->ordinal);
   NNCOMM_CUDA_CALL(cudaEventCreateWithFlags, &device->kernel_done,
                    cudaEventDisableTiming);
-  for (TableSlot &slot : device->slots) {
-    NNCOMM_CUDA_CALL(cudaEventCreateWithFlags, &slot.uploaded,
-                     cudaEventDisableTiming);
-  }
   out->reset(new CudaPacker(std::move(device)));
   return Status::Ok();
 }

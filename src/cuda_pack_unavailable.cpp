@@ -16,7 +16,7 @@ struct CudaPacker::Device {};
 
 bool cuda_packing_built() { return false; }
 
-Status CudaPacker::Create(std::unique_ptr<CudaPacker> *) {
+Status CudaPacker::Create(std::unique_ptr<CudaPacker> *, size_t) {
   return unavailable();
 }
 

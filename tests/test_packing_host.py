@@ -140,6 +140,12 @@ def test_cuda_packer_needs_a_build_and_a_device():
         pass  # built with nvcc, but no usable device here
 
 
+@pytest.mark.skipif(not packing.cuda_built, reason="built without CUDA")
+def test_cuda_packer_needs_room_for_a_table():
+    with pytest.raises(ValueError, match="max_tables must be at least 1"):
+        packing.CudaPacker(max_tables=0)
+
+
 def test_references_agree_with_each_other():
     """The test's own references: the bfloat16 bit trick, rounding in
     float64, and numpy's float16 conversion agree on float32 values."""

@@ -9,6 +9,7 @@
 // kernels and CudaPacker::Create says so.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 
 #include "nncomm/pack.hpp"
@@ -25,12 +26,15 @@ bool cuda_packing_built();
 class CudaPacker {
 public:
   // A packer for the device current at creation. It keeps the tables of
-  // the last 8 distinct buckets in device memory (uploaded from pinned host
-  // memory, both reused), so a training loop's buckets are uploaded once.
-  // One packer's launches run in the order they were issued, even on
-  // different streams (use a packer per stream to pack on several at once);
-  // it may be called from several threads. Not for CUDA graph capture.
-  static Status Create(std::unique_ptr<CudaPacker> *out);
+  // the last `max_tables` distinct buckets in device memory (uploaded from
+  // pinned host memory, both reused), so a training loop's buckets are
+  // uploaded once. One packer's launches run in the order they were issued,
+  // even on different streams (use a packer per stream to pack on several
+  // at once); it may be called from several threads. Not for CUDA graph
+  // capture.
+  static Status Create(std::unique_ptr<CudaPacker> *out,
+                       size_t max_tables = kDefaultMaxTables);
+  static constexpr size_t kDefaultMaxTables = 256;
   ~CudaPacker();
   CudaPacker(const CudaPacker &) = delete;
   CudaPacker &operator=(const CudaPacker &) = delete;
