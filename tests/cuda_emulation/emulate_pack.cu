@@ -10,7 +10,6 @@
 //        src/host_ops.cpp -o emulate_pack && ./emulate_pack CASES SEED
 // Prints "emulate_pack: N cases passed" or the first mismatch (exit 1).
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -19,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "nncomm/bfloat16.hpp"
 #include "nncomm/pack.hpp"
 #include "pack_tile.cuh"
+#include "random_values.hpp"
 
 using namespace nncomm;
 
@@ -45,26 +44,6 @@ void run_kernel(const PackTable &t, void *bucket, DType wire, bool packing,
   }
 }
 
-// `n` finite values of `dt`, as raw bytes.
-void fill(std::vector<char> &bytes, DType dt, std::mt19937_64 &rng) {
-  std::normal_distribution<float> normal;
-  std::uniform_int_distribution<int> exponent(-12, 8);
-  const size_t n = bytes.size() / dtype_size(dt);
-  for (size_t i = 0; i < n; ++i) {
-    const float v = std::ldexp(normal(rng), exponent(rng));
-    char *p = bytes.data() + i * dtype_size(dt);
-    if (dt == DType::kFloat32) {
-      std::memcpy(p, &v, 4);
-    } else if (dt == DType::kFloat16) {
-      const _Float16 h = static_cast<_Float16>(v);
-      std::memcpy(p, &h, 2);
-    } else {
-      const BFloat16 b(v);
-      std::memcpy(p, &b, 2);
-    }
-  }
-}
-
 struct Tensor {
   DType dtype;
   size_t shift;           // elements before element 0: misaligns it
@@ -77,14 +56,8 @@ struct Tensor {
 
 bool same(const std::vector<char> &a, const std::vector<char> &b,
           const std::string &what, int c) {
-  if (a == b)
-    return true;
-  size_t i = 0;
-  while (a[i] == b[i])
-    ++i;
-  std::printf("case %d: %s differ at byte %zu (twin %02x, kernel %02x)\n", c,
-              what.c_str(), i, a[i] & 0xff, b[i] & 0xff);
-  return false;
+  return same_bytes(a.data(), b.data(), a.size(),
+                    "case " + std::to_string(c) + ": " + what);
 }
 
 bool run_case(int c, std::mt19937_64 &rng) {
@@ -105,7 +78,7 @@ bool run_case(int c, std::mt19937_64 &rng) {
     t.shift = pick(9);
     const size_t count = pick(4) == 0 ? 1 + pick(40000) : sizes[pick(11)];
     t.host.resize((t.shift + count) * dtype_size(t.dtype));
-    fill(t.host, t.dtype, rng);
+    fill_random(t.host.data(), t.host.size(), t.dtype, rng);
     t.emul = t.host;
     const bool zeros = pick(10) == 0;
     for (size_t done = 0; done < count;) {
@@ -139,7 +112,7 @@ bool run_case(int c, std::mt19937_64 &rng) {
 
   // Unpack a bucket of fresh values into the tensors.
   std::vector<char> payload(host_table.count * w);
-  fill(payload, wire, rng);
+  fill_random(payload.data(), payload.size(), wire, rng);
   std::memcpy(host_bucket.data() + bshift * w, payload.data(), payload.size());
   std::memcpy(emul_bucket.data() + bshift * w, payload.data(), payload.size());
   unpack_host(host_table, host_bucket.data() + bshift * w, wire, scale,

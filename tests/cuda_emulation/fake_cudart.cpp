@@ -1,0 +1,558 @@
+// A CUDA runtime on the CPU, for testing the packer's host code
+// (src/cuda_pack.cu) where there is no GPU: the runtime calls it makes,
+// linked in place of cudart (nvcc -cudart none).
+//
+// It is meant to be adversarial, not merely permissive. Device memory is
+// host memory with bounds recorded; there are two devices. Work enqueued on
+// a stream (copies, event records, event waits, the packing kernel) does
+// not run when enqueued: it runs later, in a random order that respects
+// only what CUDA promises (stream order, legacy default stream, event
+// waits), or when the host synchronises on it. So a missing event wait, a
+// staging buffer rewritten too soon or a table reused under a pending
+// kernel shows up as wrong data, and freeing memory that pending work uses
+// (cudaFree's synchronisation is not promised) stops the program.
+//
+// The only kernel it runs is the packing kernel, decoded from its argument
+// array after checking the mangled name it was registered under; its body
+// is pack_tile.cuh's move_bucket_tile, run block by block and thread by
+// thread (as tests/cuda_emulation/emulate_pack.cu does).
+#include "fake_cudart.hpp"
+#include "pack_tile.cuh"
+
+#include <cuda_runtime.h>
+#include <cxxabi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kDevices = 2;
+constexpr const char *kPackKernel =
+    "nncomm::(anonymous namespace)::pack_kernel(nncomm::PackEntry const*, "
+    "unsigned long, char*, nncomm::DType, bool, nncomm::Scaling, bool)";
+
+struct Op {
+  std::vector<std::shared_ptr<Op>> after;
+  std::function<void()> work;
+  std::vector<const void *> uses; // allocations it reads or writes
+  bool held = false;              // runs only when nothing else can
+  bool done = false;
+  bool ready() const {
+    for (const auto &op : after) {
+      if (!op->done)
+        return false;
+    }
+    return true;
+  }
+};
+using OpPtr = std::shared_ptr<Op>;
+
+struct Allocation {
+  size_t bytes;
+  int device; // -1: pinned host memory
+};
+
+[[noreturn]] void violation(const std::string &what) {
+  std::fprintf(stderr, "fake_cudart: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::_Exit(3);
+}
+
+} // namespace
+
+struct CUstream_st {
+  int device;
+  bool blocking; // synchronises with the legacy default stream
+  bool capturing = false;
+  OpPtr last;
+};
+
+struct CUevent_st {
+  int device;
+  OpPtr recorded;
+};
+
+namespace {
+
+struct Runtime {
+  std::mutex mutex;
+  std::mt19937_64 rng{1};
+  unsigned eagerness = 4; // 1 in `eagerness` calls runs a ready op
+  std::vector<OpPtr> pending;
+  std::set<CUstream_st *> streams;
+  CUstream_st legacy[kDevices] = {{0, true}, {1, true}};
+  std::map<const char *, Allocation> allocations; // by address
+  std::map<const void *, std::string> kernels;    // host stub -> name
+  std::map<std::string, int> failures;            // call -> calls to pass
+  size_t launches = 0;
+  size_t copies = 0;
+
+  // A device allocation of `device` (or pinned memory for -1) holding
+  // [p, p + bytes), if any.
+  const char *find(const void *p, size_t bytes, int device) const {
+    const char *c = static_cast<const char *>(p);
+    auto it = allocations.upper_bound(c);
+    if (it == allocations.begin())
+      return nullptr;
+    --it;
+    if (it->second.device != device || c + bytes > it->first + it->second.bytes)
+      return nullptr;
+    return it->first;
+  }
+
+  bool run_one() {
+    std::vector<size_t> ready, held;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (pending[i]->ready())
+        (pending[i]->held ? held : ready).push_back(i);
+    }
+    if (ready.empty())
+      ready = held;
+    if (ready.empty())
+      return false;
+    const size_t i = ready[rng() % ready.size()];
+    OpPtr op = pending[i];
+    pending.erase(pending.begin() + i);
+    op->work();
+    op->done = true;
+    return true;
+  }
+
+  // Lets the "device" get on with some work: the host never knows how far
+  // it is.
+  void progress() {
+    while (rng() % eagerness == 0 && run_one()) {
+    }
+  }
+
+  void wait(const OpPtr &op) {
+    while (op != nullptr && !op->done) {
+      if (!run_one())
+        violation("deadlock: waited for work that can never run");
+    }
+  }
+
+  void drain() {
+    while (run_one()) {
+    }
+    if (!pending.empty())
+      violation("deadlock: work left that can never run");
+  }
+
+  CUstream_st *stream(cudaStream_t s, int device) {
+    return s == nullptr ? &legacy[device] : s;
+  }
+
+  // Appends `op` to stream `s` with CUDA's ordering: after the stream's
+  // last work and, between the legacy default stream and blocking streams,
+  // after each other's.
+  void enqueue(CUstream_st *s, OpPtr op) {
+    if (s->last)
+      op->after.push_back(s->last);
+    if (s == &legacy[s->device]) {
+      for (CUstream_st *other : streams) {
+        if (other->device == s->device && other->blocking && other->last)
+          op->after.push_back(other->last);
+      }
+    } else if (s->blocking && legacy[s->device].last) {
+      op->after.push_back(legacy[s->device].last);
+    }
+    s->last = op;
+    pending.push_back(op);
+  }
+
+  void check_unused(const void *p, const char *call) {
+    for (const OpPtr &op : pending) {
+      for (const void *used : op->uses) {
+        if (used == p) {
+          violation(std::string(call) +
+                    " of memory that work pending on a stream still uses");
+        }
+      }
+    }
+  }
+
+  bool fail(const char *call) {
+    auto it = failures.find(call);
+    if (it == failures.end())
+      return false;
+    if (it->second-- > 0)
+      return false;
+    failures.erase(it);
+    return true;
+  }
+};
+
+Runtime &rt() {
+  static Runtime runtime;
+  return runtime;
+}
+
+thread_local int current_device = 0;
+
+// Every entry point: one call at a time, then the device may progress.
+struct Call {
+  std::lock_guard<std::mutex> lock{rt().mutex};
+  ~Call() { rt().progress(); }
+};
+
+std::string demangle(const std::string &name) {
+  int status = 0;
+  char *out = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status);
+  if (out == nullptr)
+    return name;
+  std::string readable(out);
+  std::free(out);
+  return readable;
+}
+
+// What one launch of the packing kernel does, run when its turn comes:
+// every block, every thread, after checking that each row's tensor and the
+// bucket are device memory of the launching device.
+void run_pack_kernel(int device, dim3 grid, dim3 block,
+                     const nncomm::PackEntry *table, size_t rows, char *bucket,
+                     nncomm::DType wire, bool packing, nncomm::Scaling s,
+                     bool copy) {
+  Runtime &r = rt();
+  const nncomm::PackEntry &last = table[rows - 1];
+  const uint64_t tiles =
+      last.first_tile +
+      (last.count + nncomm::kPackTileElements - 1) / nncomm::kPackTileElements;
+  if (grid.x != tiles) {
+    violation("pack_kernel launched with " + std::to_string(grid.x) +
+              " blocks for a table of " + std::to_string(tiles) + " tiles");
+  }
+  uint64_t bucket_count = 0;
+  for (size_t i = 0; i < rows; ++i) {
+    const nncomm::PackEntry &e = table[i];
+    const size_t size = nncomm::dtype_size(static_cast<nncomm::DType>(e.dtype));
+    if (e.address != 0 && r.find(reinterpret_cast<const void *>(e.address),
+                                 e.count * size, device) == nullptr) {
+      violation("pack_kernel row " + std::to_string(i) +
+                " is not device memory of the launching device");
+    }
+    bucket_count = e.bucket_offset + e.count;
+  }
+  if (r.find(bucket, bucket_count * nncomm::dtype_size(wire), device) ==
+      nullptr) {
+    violation("pack_kernel's bucket is not device memory of the launching "
+              "device");
+  }
+  for (unsigned b = 0; b < grid.x; ++b) {
+    for (unsigned t = 0; t < block.x; ++t) {
+      nncomm::move_bucket_tile(table, rows, bucket, wire, packing, s, copy, b,
+                               nncomm::Lane{t, block.x});
+    }
+  }
+}
+
+} // namespace
+
+void nncomm_fake_configure(uint64_t seed, unsigned eagerness) {
+  Call call;
+  rt().rng.seed(seed);
+  rt().eagerness = eagerness;
+}
+
+void nncomm_fake_fail(const char *call, int after) {
+  Call c;
+  rt().failures[call] = after;
+}
+
+void nncomm_fake_hold(cudaStream_t stream) {
+  Call call;
+  OpPtr op = std::make_shared<Op>();
+  op->work = [] {};
+  op->held = true;
+  rt().enqueue(rt().stream(stream, current_device), op);
+}
+
+size_t nncomm_fake_launches() {
+  Call call;
+  return rt().launches;
+}
+
+size_t nncomm_fake_copies() {
+  Call call;
+  return rt().copies;
+}
+
+size_t nncomm_fake_pending() {
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  return rt().pending.size();
+}
+
+extern "C" {
+
+const char *cudaGetErrorString(cudaError_t err) {
+  switch (err) {
+  case cudaSuccess: return "no error";
+  case cudaErrorInvalidValue: return "invalid argument";
+  case cudaErrorMemoryAllocation: return "out of memory";
+  case cudaErrorInvalidDevice: return "invalid device ordinal";
+  case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+  case cudaErrorLaunchFailure: return "unspecified launch failure";
+  default: return "unknown error";
+  }
+}
+
+cudaError_t cudaGetDeviceCount(int *count) {
+  *count = kDevices;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *device) {
+  *device = current_device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= kDevices)
+    return cudaErrorInvalidDevice;
+  current_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **p, size_t bytes) {
+  Call call;
+  if (rt().fail("cudaMalloc"))
+    return cudaErrorMemoryAllocation;
+  char *mem = static_cast<char *>(
+      std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256));
+  std::memset(mem, 0xCD, bytes); // what a fresh allocation holds: garbage
+  rt().allocations[mem] = {bytes, current_device};
+  *p = mem;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void **p, size_t bytes) {
+  Call call;
+  if (rt().fail("cudaMallocHost"))
+    return cudaErrorMemoryAllocation;
+  char *mem = static_cast<char *>(
+      std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256));
+  rt().allocations[mem] = {bytes, -1};
+  *p = mem;
+  return cudaSuccess;
+}
+
+static cudaError_t release(void *p, int device, const char *call) {
+  if (p == nullptr)
+    return cudaSuccess;
+  auto it = rt().allocations.find(static_cast<char *>(p));
+  if (it == rt().allocations.end() ||
+      (it->second.device == -1) != (device == -1))
+    return cudaErrorInvalidValue;
+  rt().check_unused(p, call);
+  rt().allocations.erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p) {
+  Call call;
+  return release(p, 0, "cudaFree");
+}
+
+cudaError_t cudaFreeHost(void *p) {
+  Call call;
+  return release(p, -1, "cudaFreeHost");
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
+  Call call;
+  *s = new CUstream_st{current_device, (flags & cudaStreamNonBlocking) == 0};
+  rt().streams.insert(*s);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  Call call;
+  rt().streams.erase(s);
+  delete s; // its work stays pending; ops hold each other, not the stream
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  Call call;
+  rt().wait(rt().stream(s, current_device)->last);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize() {
+  Call call;
+  rt().drain();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s,
+                                  cudaStreamCaptureStatus *status) {
+  Call call;
+  *status = rt().stream(s, current_device)->capturing
+                ? cudaStreamCaptureStatusActive
+                : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  Call call;
+  if (s == nullptr)
+    return cudaErrorInvalidValue; // the legacy stream cannot be captured
+  s->capturing = true;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
+  Call call;
+  s->capturing = false;
+  *graph = nullptr;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
+  Call call;
+  *e = new CUevent_st{current_device, nullptr};
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  Call call;
+  delete e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
+  Call call;
+  CUstream_st *s = rt().stream(stream, current_device);
+  if (s->device != current_device || e->device != s->device)
+    return cudaErrorInvalidResourceHandle;
+  OpPtr op = std::make_shared<Op>();
+  op->work = [] {};
+  rt().enqueue(s, op);
+  e->recorded = op;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  Call call;
+  rt().wait(e->recorded); // never recorded: complete
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned) {
+  Call call;
+  CUstream_st *s = rt().stream(stream, current_device);
+  OpPtr op = std::make_shared<Op>();
+  op->work = [] {};
+  if (e->recorded) // the record made before this call, not a later one
+    op->after.push_back(e->recorded);
+  rt().enqueue(s, op);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes,
+                            cudaMemcpyKind kind, cudaStream_t stream) {
+  Call call;
+  Runtime &r = rt();
+  CUstream_st *s = r.stream(stream, current_device);
+  if (s->device != current_device)
+    return cudaErrorInvalidResourceHandle;
+  const int dst_device = kind == cudaMemcpyDeviceToHost ? -1 : s->device;
+  const int src_device = kind == cudaMemcpyHostToDevice ? -1 : s->device;
+  const char *d = r.find(dst, bytes, dst_device);
+  const char *from = r.find(src, bytes, src_device);
+  if (d == nullptr || from == nullptr)
+    return cudaErrorInvalidValue; // the fake copies device or pinned memory
+  OpPtr op = std::make_shared<Op>();
+  op->work = [=] { std::memcpy(dst, src, bytes); };
+  op->uses = {d, from};
+  r.enqueue(s, op);
+  ++r.copies;
+  return cudaSuccess;
+}
+
+cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block,
+                             void **args, size_t shared, cudaStream_t stream) {
+  Call call;
+  Runtime &r = rt();
+  if (r.fail("cudaLaunchKernel"))
+    return cudaErrorLaunchFailure;
+  auto it = r.kernels.find(func);
+  if (it == r.kernels.end())
+    violation("cudaLaunchKernel of a function never registered");
+  if (demangle(it->second) != kPackKernel)
+    violation("the fake runs " + std::string(kPackKernel) + " only, not " +
+              demangle(it->second));
+  if (grid.x == 0 || grid.y != 1 || grid.z != 1 || block.x == 0 ||
+      block.x > 1024 || block.y != 1 || block.z != 1 || shared != 0)
+    return cudaErrorInvalidValue;
+  CUstream_st *s = r.stream(stream, current_device);
+  if (s->device != current_device)
+    return cudaErrorInvalidResourceHandle;
+  // Arguments are copied at launch, as CUDA does.
+  auto table = *static_cast<const nncomm::PackEntry *const *>(args[0]);
+  auto rows = *static_cast<const size_t *>(args[1]);
+  auto bucket = *static_cast<char *const *>(args[2]);
+  auto wire = *static_cast<const nncomm::DType *>(args[3]);
+  auto packing = *static_cast<const bool *>(args[4]);
+  auto scaling = *static_cast<const nncomm::Scaling *>(args[5]);
+  auto copy = *static_cast<const bool *>(args[6]);
+  const char *table_allocation =
+      r.find(table, rows * sizeof(nncomm::PackEntry), s->device);
+  if (rows == 0 || table_allocation == nullptr)
+    violation("pack_kernel's table is not device memory of its device");
+  const int device = s->device;
+  OpPtr op = std::make_shared<Op>();
+  op->work = [=] {
+    run_pack_kernel(device, grid, block, table, rows, bucket, wire, packing,
+                    scaling, copy);
+  };
+  op->uses = {table_allocation};
+  r.enqueue(s, op);
+  ++r.launches;
+  return cudaSuccess;
+}
+
+// Registration of the fat binary's kernels, which nvcc's generated code
+// calls at start-up: the fake keeps each kernel's name.
+void **__cudaRegisterFatBinary(void *) {
+  static void *handle = nullptr;
+  return &handle;
+}
+
+void __cudaRegisterFatBinaryEnd(void **) {}
+
+void __cudaUnregisterFatBinary(void **) {}
+
+char __cudaInitModule(void **) { return 1; }
+
+void __cudaRegisterFunction(void **, const char *host, char *, const char *name,
+                            int, uint3 *, uint3 *, dim3 *, dim3 *, int *) {
+  rt().kernels[host] = name;
+}
+
+// The <<<>>> launch path, which the packer does not use.
+cudaError_t __cudaGetKernel(cudaKernel_t *, const void *) {
+  return cudaErrorNotSupported;
+}
+
+cudaError_t __cudaPopCallConfiguration(dim3 *, dim3 *, size_t *, void *) {
+  violation("<<<>>> launches are not emulated");
+}
+
+cudaError_t __cudaLaunchKernel(cudaKernel_t, dim3, dim3, void **, size_t,
+                               cudaStream_t) {
+  violation("<<<>>> launches are not emulated");
+}
+
+} // extern "C"

@@ -1,0 +1,24 @@
+// Controls of the CPU-side CUDA runtime (fake_cudart.cu) for the programs
+// that test with it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+// Seeds the order in which pending work runs; 1 in `eagerness` runtime
+// calls lets some of it run, so larger is later.
+void nncomm_fake_configure(uint64_t seed, unsigned eagerness);
+// Makes runtime call `call` (e.g. "cudaMalloc") fail once, after `after`
+// more calls of it succeed.
+void nncomm_fake_fail(const char *call, int after);
+// Holds `stream`: its later work runs only once no other work can (as a
+// long kernel would hold it on a GPU).
+void nncomm_fake_hold(cudaStream_t stream);
+// Kernels launched so far.
+size_t nncomm_fake_launches();
+// cudaMemcpyAsync calls so far.
+size_t nncomm_fake_copies();
+// Work enqueued and not yet run.
+size_t nncomm_fake_pending();
