@@ -242,6 +242,12 @@ def check(cupy, packing, tensors, segments, case, stream, side):
     bucket = cupy.full(nbytes, 0xFF, dtype=cupy.uint8)   # NaN everywhere
     words = bucket.view(wire_dtype)
     index = {t.data.ptr: i for i, t in enumerate(tensors)}
+    # A first call uploads the table (allocating, which may synchronize the
+    # device), so that the call checked below shows its own event wait.
+    packer = packing.CudaPacker()
+    packer.pack(segments, bucket.data.ptr, wire, stream=stream.ptr)
+    stream.synchronize()
+    bucket.fill(0xFF)
     for t in tensors:
         t.fill(float("nan"))
     cupy.cuda.Device().synchronize()
@@ -251,7 +257,6 @@ def check(cupy, packing, tensors, segments, case, stream, side):
             t[...] = r
     ready = cupy.cuda.Event(disable_timing=True)
     ready.record(side)
-    packer = packing.CudaPacker()
     packer.pack(segments, bucket.data.ptr, wire, scale=pack_scale,
                 stream=stream.ptr, event=ready.ptr)
     stream.synchronize()
@@ -413,8 +418,10 @@ def run_case(cupy, packing, set_name, case, args, stream, side, gate):
                       divisor=divisor, stream=sp)
 
     each = f"memcpy x{n}"
+    # A packer call is 3 stream operations: a wait for its previous launch,
+    # the kernel and an event record.
     methods = {"memcpy x1": (memcpy_one, 1), each: (memcpy_each, n),
-               "pack": (pack, 1), "unpack": (unpack, 1)}
+               "pack": (pack, 3), "unpack": (unpack, 3)}
     dram = {"memcpy x1": 2 * nbytes, each: 2 * payload,
             "pack": values * (ITEMSIZE[src] + w),
             "unpack": values * (ITEMSIZE[src] + w)}

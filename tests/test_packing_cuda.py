@@ -275,16 +275,27 @@ def spin(stream):
         kernel((1,), (1,), (np.int64(SPIN_CYCLES),))
 
 
+def warm(packer, specs, bucket, wire, unpack=False):
+    """Calls the packer once with `specs` and waits, so that the call under
+    test finds its table on the device: uploading a new table allocates
+    memory, which may synchronize the device and so hide a missing wait."""
+    move = packer.unpack if unpack else packer.pack
+    move(segments(specs, "dev"), bucket.dev_address, wire)
+    synchronize()
+
+
 def write_late(m, values, stream):
     """Gives Mirrored `m` new values: on the host at once, on the device
     only behind a long kernel on `stream`. Returns the event recorded after
     the device write, which the stream has not reached yet."""
-    new_dev = cupy.asarray(values)
+    # Kept alive until the stream has copied it: freed, CuPy's pool could
+    # hand it to an allocation that the stream's copy does not wait for.
+    m.incoming = cupy.asarray(values)
     m.host_view()[:] = values
     synchronize()
     spin(stream)
     with stream:
-        m.dev_view()[...] = new_dev
+        m.dev_view()[...] = m.incoming
     event = cupy.cuda.Event()
     event.record(stream)
     assert not event.done, "the writer finished too soon to show anything"
@@ -303,6 +314,7 @@ def test_pack_waits_for_the_event_on_its_stream(packer, wire):
     new = random_values(t.n, "float32", rng)
     specs = [(t, "float32", 0, 20000), (t, "float32", 20000, 20000)]
     bucket = Bucket(t.n, wire, shift=1)
+    warm(packer, specs, bucket, wire)
     event = write_late(t, new, writer)
     twin_pack(packer, specs, wire, 0.5, stream=stream.ptr, event=event.ptr,
               bucket=bucket)
@@ -320,8 +332,9 @@ def test_unpack_waits_for_the_event_on_its_stream(packer, dst):
     bucket = Bucket(n, "float32", shift=1)
     new = random_values(n, "float32", rng)
     d = Tensor(n, dst, rng, shift=1)
-    event = write_late(bucket, new, writer)
     specs = [(d, dst, 0, n)]
+    warm(packer, specs, bucket, "float32", unpack=True)
+    event = write_late(bucket, new, writer)
     packing.unpack(segments(specs, "host"), bucket.host_address, "float32",
                    scale=3.0, divisor=3)
     packer.unpack(segments(specs, "dev"), bucket.dev_address, "float32",
@@ -342,6 +355,7 @@ def test_work_goes_on_the_given_stream(packer):
     new = random_values(t.n, "float16", rng)
     specs = [(t, "float16", 0, t.n)]
     bucket = Bucket(t.n, "bfloat16", shift=1)
+    warm(packer, specs, bucket, "bfloat16")
     write_late(t, new, stream)
     twin_pack(packer, specs, "bfloat16", -1.25, stream=stream.ptr,
               bucket=bucket)
@@ -351,8 +365,9 @@ def test_work_goes_on_the_given_stream(packer):
     # And unpack, of a bucket written in the same way.
     new = random_values(t.n, "bfloat16", rng)
     d = Tensor(t.n, "float32", rng)
-    write_late(bucket, new, stream)
     specs = [(d, "float32", 0, t.n)]
+    warm(packer, specs, bucket, "bfloat16", unpack=True)
+    write_late(bucket, new, stream)
     packing.unpack(segments(specs, "host"), bucket.host_address, "bfloat16",
                    divisor=7)
     packer.unpack(segments(specs, "dev"), bucket.dev_address, "bfloat16",
@@ -363,10 +378,13 @@ def test_work_goes_on_the_given_stream(packer):
 
 # --- one packer, many tables -------------------------------------------------
 
-def test_one_packer_many_tables(packer):
+@pytest.mark.parametrize("max_tables", [256, 2])
+def test_one_packer_many_tables(max_tables):
     """The same CudaPacker for many buckets whose tables differ (in length,
-    addresses, offsets, counts, dtypes), coming back to earlier ones: each
-    result is the host twin's, and a changed table changes the result."""
+    addresses, offsets, counts, dtypes), coming back to earlier ones, with
+    room for all their tables or for two: each result is the host twin's,
+    and a changed table changes the result."""
+    packer = packing.CudaPacker(max_tables=max_tables)
     rng = rng_for("tables")
     raw = {}
     cursor = [0] * 6
