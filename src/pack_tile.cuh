@@ -96,17 +96,29 @@ NNCOMM_HD void move_row(Dst *dst, const Src *src, size_t begin, size_t end,
   const Vector<Src, N> *sv =
       src == nullptr ? nullptr
                      : reinterpret_cast<const Vector<Src, N> *>(src + first);
-  for (size_t k = lane.thread; k < n; k += lane.threads) {
-    Vector<Dst, N> out;
-    if (sv == nullptr) {
-      for (int j = 0; j < N; ++j)
-        out.v[j] = from_float<Dst>(0.0f);
-    } else {
-      const Vector<Src, N> in = sv[k];
-      for (int j = 0; j < N; ++j)
-        out.v[j] = convert<Dst>(in.v[j], s, identity);
+  // A thread loads a batch of its vectors before it stores any: the
+  // compiler cannot move a load above an earlier store (the two might
+  // alias, as far as it knows), so one vector at a time would keep only one
+  // load per thread in flight.
+  constexpr int kBatch = 4;
+  for (size_t k0 = lane.thread; k0 < n; k0 += kBatch * lane.threads) {
+    Vector<Src, N> in[kBatch] = {};
+    for (int u = 0; u < kBatch; ++u) {
+      const size_t k = k0 + u * lane.threads;
+      if (sv != nullptr && k < n)
+        in[u] = sv[k];
     }
-    dv[k] = out;
+    for (int u = 0; u < kBatch; ++u) {
+      const size_t k = k0 + u * lane.threads;
+      if (k >= n)
+        break;
+      Vector<Dst, N> out;
+      for (int j = 0; j < N; ++j) {
+        out.v[j] = sv == nullptr ? from_float<Dst>(0.0f)
+                                 : convert<Dst>(in[u].v[j], s, identity);
+      }
+      dv[k] = out;
+    }
   }
 }
 

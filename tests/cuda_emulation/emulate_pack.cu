@@ -26,20 +26,22 @@ using namespace nncomm;
 
 namespace {
 
-constexpr unsigned kThreads = 256; // as in cuda_pack.cu
+// Threads per block: the kernel's 256, and others, under which a thread
+// has more vectors of a tile than one batch, or fewer.
+constexpr unsigned kThreads[] = {256, 96, 32, 1};
 constexpr DType kDevice[] = {DType::kFloat32, DType::kFloat16,
                              DType::kBFloat16};
 
 // Every tile of the bucket, every thread of each tile.
 void run_kernel(const PackTable &t, void *bucket, DType wire, bool packing,
-                float scale, int divisor) {
+                float scale, int divisor, unsigned threads) {
   const Scaling s = make_scaling(scale, divisor);
   const bool copy = scale == 1.0f && divisor == 1;
   for (uint64_t tile = 0; tile < t.tiles; ++tile) {
-    for (unsigned thread = 0; thread < kThreads; ++thread) {
+    for (unsigned thread = 0; thread < threads; ++thread) {
       move_bucket_tile(t.entries.data(), t.entries.size(),
                        static_cast<char *>(bucket), wire, packing, s, copy,
-                       tile, Lane{thread, kThreads});
+                       tile, Lane{thread, threads});
     }
   }
 }
@@ -67,6 +69,7 @@ bool run_case(int c, std::mt19937_64 &rng) {
   const int divisors[] = {1, 2, 3, 7, 8};
   const float scale = scales[pick(5)];
   const int divisor = divisors[pick(5)];
+  const unsigned threads = kThreads[pick(4)];
   const size_t sizes[] = {1, 3, 7, 8, 9, 31, 4095, 4096, 4097, 8195, 12289};
 
   // Tensors, each cut into a few segments (a split tensor), some of them
@@ -106,7 +109,8 @@ bool run_case(int c, std::mt19937_64 &rng) {
                                 char(0xA5));
   std::vector<char> emul_bucket = host_bucket;
   pack_host(host_table, host_bucket.data() + bshift * w, wire, scale);
-  run_kernel(emul_table, emul_bucket.data() + bshift * w, wire, true, scale, 1);
+  run_kernel(emul_table, emul_bucket.data() + bshift * w, wire, true, scale, 1,
+             threads);
   if (!same(host_bucket, emul_bucket, "packed buckets", c))
     return false;
 
@@ -118,7 +122,7 @@ bool run_case(int c, std::mt19937_64 &rng) {
   unpack_host(host_table, host_bucket.data() + bshift * w, wire, scale,
               divisor);
   run_kernel(emul_table, emul_bucket.data() + bshift * w, wire, false, scale,
-             divisor);
+             divisor, threads);
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (!same(tensors[i].host, tensors[i].emul,
               "unpacked tensor " + std::to_string(i), c))
