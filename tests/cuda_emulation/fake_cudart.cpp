@@ -323,35 +323,36 @@ cudaError_t cudaSetDevice(int device) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMalloc(void **p, size_t bytes) {
-  Call call;
-  if (rt().fail("cudaMalloc"))
+// Device memory of the current device, or pinned memory (`pinned`);
+// fresh memory holds garbage.
+static cudaError_t allocate(void **p, size_t bytes, bool pinned,
+                            const char *call) {
+  if (rt().fail(call))
     return cudaErrorMemoryAllocation;
   char *mem = static_cast<char *>(
       std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256));
-  std::memset(mem, 0xCD, bytes); // what a fresh allocation holds: garbage
-  rt().allocations[mem] = {bytes, current_device};
+  std::memset(mem, 0xCD, bytes);
+  rt().allocations[mem] = {bytes, pinned ? -1 : current_device};
   *p = mem;
   return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **p, size_t bytes) {
+  Call call;
+  return allocate(p, bytes, false, "cudaMalloc");
 }
 
 cudaError_t cudaMallocHost(void **p, size_t bytes) {
   Call call;
-  if (rt().fail("cudaMallocHost"))
-    return cudaErrorMemoryAllocation;
-  char *mem = static_cast<char *>(
-      std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256));
-  rt().allocations[mem] = {bytes, -1};
-  *p = mem;
-  return cudaSuccess;
+  return allocate(p, bytes, true, "cudaMallocHost");
 }
 
-static cudaError_t release(void *p, int device, const char *call) {
+// Frees what allocate() gave, unless work still pending uses it.
+static cudaError_t release(void *p, bool pinned, const char *call) {
   if (p == nullptr)
     return cudaSuccess;
   auto it = rt().allocations.find(static_cast<char *>(p));
-  if (it == rt().allocations.end() ||
-      (it->second.device == -1) != (device == -1))
+  if (it == rt().allocations.end() || (it->second.device == -1) != pinned)
     return cudaErrorInvalidValue;
   rt().check_unused(p, call);
   rt().allocations.erase(it);
@@ -361,12 +362,12 @@ static cudaError_t release(void *p, int device, const char *call) {
 
 cudaError_t cudaFree(void *p) {
   Call call;
-  return release(p, 0, "cudaFree");
+  return release(p, false, "cudaFree");
 }
 
 cudaError_t cudaFreeHost(void *p) {
   Call call;
-  return release(p, -1, "cudaFreeHost");
+  return release(p, true, "cudaFreeHost");
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
