@@ -104,6 +104,11 @@ def gencode_flags():
 # cythonize() rebuilds the Extension objects it is given.
 CUDA_SOURCES = {}
 
+# What an extension is rebuilt after besides its sources: setuptools looks
+# at no headers, and knows nothing of the .cu objects BuildExt links in.
+DEPENDS = sorted(glob.glob("include/nncomm/*.hpp") + glob.glob("src/*.cuh")
+                 + glob.glob("src/*.cu"))
+
 
 class BuildExt(build_ext):
     """build_ext that first compiles an extension's .cu sources with nvcc
@@ -140,6 +145,7 @@ def communicator_extension():
         runtime_library_dirs=mpi["runtime_library_dirs"],
         language="c++",
         extra_compile_args=CXXFLAGS,
+        depends=DEPENDS,
     )
 
 
@@ -154,12 +160,12 @@ def packing_extension():
         return Extension("nncomm.packing",
                          sources=sources + ["src/cuda_pack_unavailable.cpp"],
                          include_dirs=["include", "pyx"], language="c++",
-                         extra_compile_args=CXXFLAGS)
+                         extra_compile_args=CXXFLAGS, depends=DEPENDS)
     nvcc, root = found
     CUDA_SOURCES["nncomm.packing"] = (nvcc, sorted(glob.glob("src/*.cu")))
     return Extension("nncomm.packing", sources=sources,
                      include_dirs=["include", "pyx"], language="c++",
-                     extra_compile_args=CXXFLAGS,
+                     extra_compile_args=CXXFLAGS, depends=DEPENDS,
                      library_dirs=[cuda_library_dir(root)],
                      libraries=["cudart_static", "dl", "rt", "pthread"])
 
