@@ -152,16 +152,19 @@ struct CudaPacker::Device {
   }
 
   // The device copy of `rows`, on `stream`: a slot that holds them already,
-  // else a new slot while there are fewer than `max_tables`, else the least
-  // recently used one, uploaded again.
+  // else one that holds nothing (a failed upload leaves one), else a new
+  // slot while there are fewer than `max_tables`, else the least recently
+  // used one, uploaded again.
   Status table_for(const std::vector<PackEntry> &rows, cudaStream_t stream,
                    const PackEntry **table) {
-    TableSlot *chosen = nullptr, *oldest = nullptr;
+    TableSlot *chosen = nullptr, *empty = nullptr, *oldest = nullptr;
     for (TableSlot &slot : slots) {
       if (slot.holds(rows)) {
         chosen = &slot;
         break;
       }
+      if (slot.rows.empty())
+        empty = &slot;
       if (oldest == nullptr || slot.last_use < oldest->last_use)
         oldest = &slot;
     }
@@ -169,7 +172,9 @@ struct CudaPacker::Device {
       // Uploaded earlier, maybe on another stream.
       NNCOMM_CUDA_CALL(cudaStreamWaitEvent, stream, chosen->uploaded, 0);
     } else {
-      if (slots.size() < max_tables) {
+      if (empty != nullptr) {
+        chosen = empty;
+      } else if (slots.size() < max_tables) {
         slots.emplace_back();
         chosen = &slots.back();
       } else {
@@ -188,7 +193,6 @@ Status CudaPacker::Create(std::unique_ptr<CudaPacker> *out, size_t max_tables) {
     return Status::InvalidArgument("max_tables must be at least 1");
   std::unique_ptr<Device> device(new Device);
   device->max_tables = max_tables;
-  device->slots.reserve(max_tables);
   NNCOMM_CUDA_CALL(cudaGetDevice, &device->ordinal);
   NNCOMM_CUDA_CALL(cudaEventCreateWithFlags, &device->kernel_done,
                    cudaEventDisableTiming);

@@ -1,6 +1,6 @@
 // Runs the CUDA packer (src/cuda_pack.cu: its table slots, uploads, event
 // waits, launch ordering and arguments, device switching, error paths) on
-// the CPU, against the runtime of fake_cudart.cu, whose streams run work
+// the CPU, against the runtime of fake_cudart.cpp, whose streams run work
 // late and in a random order that keeps only CUDA's promises; every bucket
 // and tensor is checked against the host twin byte for byte. Complements
 // emulate_pack.cu, which tests the kernel's tile code; neither replaces a
@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
@@ -377,6 +378,40 @@ bool cross_stream_reuse(uint64_t seed) {
   return true;
 }
 
+// The least recently used table is the one replaced: with room for eight,
+// nine tables packed in turn leave the last eight on the device, and
+// packing the first again replaces the second.
+bool eviction_order(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  nncomm_fake_configure(seed, 4);
+  std::unique_ptr<CudaPacker> packer;
+  STATUS_OK(CudaPacker::Create(&packer, kTables));
+  const cudaStream_t s = new_stream(cudaStreamNonBlocking);
+  std::vector<Bucket> buckets;
+  for (int i = 0; i < 9; ++i)
+    buckets.push_back(make_bucket(rng, Rows::kTwo));
+  auto uploads = [&](std::initializer_list<int> order) {
+    const size_t before = nncomm_fake_copies();
+    for (int i : order) {
+      const Bucket &b = buckets[i];
+      STATUS_OK(packer->pack(b.device_table, b.device(), b.wire, b.scale, s,
+                             nullptr));
+    }
+    return nncomm_fake_copies() - before;
+  };
+  CHECK(uploads({0, 1, 2, 3, 4, 5, 6, 7, 8}) == 9);
+  CHECK(uploads({1, 2, 3, 4, 5, 6, 7, 8}) == 0);
+  CHECK(uploads({0}) == 1);
+  CHECK(uploads({2, 3, 4, 5, 6, 7, 8, 0}) == 0);
+  CHECK(uploads({1}) == 1);
+  CUDA_OK(cudaDeviceSynchronize());
+  packer.reset();
+  for (Bucket &b : buckets)
+    free_bucket(b);
+  CUDA_OK(cudaStreamDestroy(s));
+  return true;
+}
+
 // Failing runtime calls, graph capture, a packer destroyed with its work
 // pending and a table outgrowing a slot that pending kernels read; here
 // work runs only when the host waits for it.
@@ -410,6 +445,30 @@ bool failures(uint64_t seed) {
     if (!checked_step(*packer, b, t, rng,
                       std::string("after failing ") + f.call))
       return false;
+  }
+
+  // A table that fails to grow its slot: the packer stays usable, and the
+  // slot too.
+  for (const char *call : {"cudaMalloc", "cudaMallocHost"}) {
+    std::unique_ptr<CudaPacker> packer;
+    STATUS_OK(CudaPacker::Create(&packer, 1));
+    Bucket small = make_bucket(rng, Rows::kTwo);
+    Bucket large = make_bucket(rng, Rows::kMany);
+    if (!checked_step(*packer, small, t, rng, "before growing"))
+      return false;
+    nncomm_fake_fail(call, 0);
+    CHECK(!packer
+               ->pack(large.device_table, large.device(), large.wire,
+                      large.scale, t, nullptr)
+               .ok());
+    // The table the slot held, then the one that failed to fit.
+    if (!checked_step(*packer, small, t, rng,
+                      std::string("after failing ") + call) ||
+        !checked_step(*packer, large, t, rng, "grown"))
+      return false;
+    packer.reset();
+    free_bucket(small);
+    free_bucket(large);
   }
 
   std::unique_ptr<CudaPacker> packer;
@@ -465,7 +524,7 @@ bool failures(uint64_t seed) {
 int main(int argc, char **argv) {
   const uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1;
   if (!training(seed) || !threads(seed) || !cross_stream_reuse(seed) ||
-      !failures(seed))
+      !eviction_order(seed) || !failures(seed))
     return 1;
   std::printf("emulate_packer: all scenarios passed\n");
   return 0;

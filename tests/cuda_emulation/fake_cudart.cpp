@@ -125,6 +125,8 @@ struct Runtime {
     pending.erase(pending.begin() + i);
     op->work();
     op->done = true;
+    op->after.clear(); // what it waited for need not live on
+
     return true;
   }
 

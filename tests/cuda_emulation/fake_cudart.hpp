@@ -1,4 +1,4 @@
-// Controls of the CPU-side CUDA runtime (fake_cudart.cu) for the programs
+// Controls of the CPU-side CUDA runtime (fake_cudart.cpp) for the programs
 // that test with it.
 #pragma once
 
