@@ -132,14 +132,16 @@ struct CudaPacker::Device {
   std::mutex mutex; // one launch at a time: the slots are shared state
   std::vector<TableSlot> slots;
   uint64_t uses = 0;
-  cudaEvent_t kernel_done = nullptr; // after the last kernel launched
+  // After the last work enqueued (an upload or a kernel); every launch
+  // waits for it, so all run in the order they were issued.
+  cudaEvent_t last_work = nullptr;
 
   ~Device() {
     DeviceScope scope;
     if (!scope.enter(ordinal).ok())
       return;
     // Events never recorded count as complete.
-    cudaEventSynchronize(kernel_done);
+    cudaEventSynchronize(last_work);
     for (TableSlot &slot : slots) {
       cudaEventSynchronize(slot.uploaded);
       cudaFree(slot.table);
@@ -147,8 +149,8 @@ struct CudaPacker::Device {
       if (slot.uploaded != nullptr)
         cudaEventDestroy(slot.uploaded);
     }
-    if (kernel_done != nullptr)
-      cudaEventDestroy(kernel_done);
+    if (last_work != nullptr)
+      cudaEventDestroy(last_work);
   }
 
   // The device copy of `rows`, on `stream`: a slot that holds them already,
@@ -168,10 +170,9 @@ struct CudaPacker::Device {
       if (oldest == nullptr || slot.last_use < oldest->last_use)
         oldest = &slot;
     }
-    if (chosen != nullptr) {
-      // Uploaded earlier, maybe on another stream.
-      NNCOMM_CUDA_CALL(cudaStreamWaitEvent, stream, chosen->uploaded, 0);
-    } else {
+    // A table found here was uploaded before `last_work`'s latest record,
+    // which `stream` already waits for.
+    if (chosen == nullptr) {
       if (empty != nullptr) {
         chosen = empty;
       } else if (slots.size() < max_tables) {
@@ -180,7 +181,9 @@ struct CudaPacker::Device {
       } else {
         chosen = oldest;
       }
-      NNCOMM_RETURN_IF_ERROR(chosen->upload(rows, stream, kernel_done));
+      NNCOMM_RETURN_IF_ERROR(chosen->upload(rows, stream, last_work));
+      // Later launches find the table there even if this one fails.
+      NNCOMM_CUDA_CALL(cudaEventRecord, last_work, stream);
     }
     chosen->last_use = ++uses;
     *table = chosen->table;
@@ -194,7 +197,7 @@ Status CudaPacker::Create(std::unique_ptr<CudaPacker> *out, size_t max_tables) {
   std::unique_ptr<Device> device(new Device);
   device->max_tables = max_tables;
   NNCOMM_CUDA_CALL(cudaGetDevice, &device->ordinal);
-  NNCOMM_CUDA_CALL(cudaEventCreateWithFlags, &device->kernel_done,
+  NNCOMM_CUDA_CALL(cudaEventCreateWithFlags, &device->last_work,
                    cudaEventDisableTiming);
   out->reset(new CudaPacker(std::move(device)));
   return Status::Ok();
@@ -255,9 +258,9 @@ Status CudaPacker::launch(const PackTable &table, const void *bucket,
   if (after != nullptr)
     NNCOMM_CUDA_CALL(cudaStreamWaitEvent, s, static_cast<cudaEvent_t>(after),
                      0);
-  // One packer's launches run in the order they were issued, whatever their
+  // One packer's work runs in the order it was issued, whatever the
   // streams, so a table is never rewritten under a kernel still reading it.
-  NNCOMM_CUDA_CALL(cudaStreamWaitEvent, s, device_->kernel_done, 0);
+  NNCOMM_CUDA_CALL(cudaStreamWaitEvent, s, device_->last_work, 0);
   const PackEntry *rows = nullptr;
   NNCOMM_RETURN_IF_ERROR(device_->table_for(table.entries, s, &rows));
 
@@ -270,7 +273,7 @@ Status CudaPacker::launch(const PackTable &table, const void *bucket,
                    reinterpret_cast<const void *>(&pack_kernel),
                    dim3(static_cast<unsigned>(table.tiles)), dim3(kThreads),
                    args, size_t(0), s);
-  NNCOMM_CUDA_CALL(cudaEventRecord, device_->kernel_done, s);
+  NNCOMM_CUDA_CALL(cudaEventRecord, device_->last_work, s);
   return Status::Ok();
 }
 
