@@ -154,25 +154,36 @@ void free_bucket(Bucket &b) {
   CUDA_OK(cudaEventDestroy(b.reduced));
 }
 
-// Host buffers one step's copies read or write; freed once the device is
-// idle.
-struct Staging {
-  std::vector<char *> buffers;
-  char *take(size_t bytes) {
-    buffers.push_back(pinned_alloc<char>(bytes));
-    return buffers.back();
-  }
-  ~Staging() {
-    for (char *p : buffers)
-      CUDA_OK(cudaFreeHost(p));
-  }
-};
-
 // What a step read back from the device, and what the twin has there.
 struct Readback {
   std::vector<char> twin;
   const char *got;
   std::string what;
+};
+
+// A round of steps: the host buffers their copies read or write (freed
+// once the device is idle), and what they read back, to compare with the
+// twin once the device has finished.
+struct Round {
+  std::vector<char *> buffers;
+  std::vector<Readback> readbacks;
+
+  char *take(size_t bytes) {
+    buffers.push_back(pinned_alloc<char>(bytes));
+    return buffers.back();
+  }
+  bool matches(const std::string &when) const {
+    for (const Readback &r : readbacks) {
+      if (!same_bytes(r.twin.data(), r.got, r.twin.size(),
+                      when + ": " + r.what))
+        return false;
+    }
+    return true;
+  }
+  ~Round() {
+    for (char *p : buffers)
+      CUDA_OK(cudaFreeHost(p));
+  }
 };
 
 // Calls the packer, now and then from another current device (the packer
@@ -194,10 +205,9 @@ Status on_some_device(std::mt19937_64 &rng, const std::function<Status()> &f) {
 // by a "reduced" payload on `s1`, unpacked on `s2` after that, and the
 // tensors read back on `s2`. The twin does the same on the host.
 void step(CudaPacker &packer, Bucket &b, cudaStream_t producer, cudaStream_t s1,
-          cudaStream_t s2, std::mt19937_64 &rng, Staging &staging,
-          std::vector<Readback> &readbacks) {
+          cudaStream_t s2, std::mt19937_64 &rng, Round &round) {
   for (Tensor &t : b.tensors) {
-    char *values = staging.take(t.bytes());
+    char *values = round.take(t.bytes());
     fill_random(values, t.bytes(), t.dtype, rng);
     std::memcpy(t.twin.data(), values, t.bytes());
     CUDA_OK(cudaMemcpyAsync(t.device, values, t.bytes(), cudaMemcpyHostToDevice,
@@ -209,13 +219,13 @@ void step(CudaPacker &packer, Bucket &b, cudaStream_t producer, cudaStream_t s1,
                        b.produced);
   }));
   STATUS_OK(pack_host(b.twin_table, b.twin(), b.wire, b.scale));
-  char *packed = staging.take(b.bytes());
+  char *packed = round.take(b.bytes());
   CUDA_OK(cudaMemcpyAsync(packed, b.device(), b.bytes(), cudaMemcpyDeviceToHost,
                           s1));
-  readbacks.push_back(
+  round.readbacks.push_back(
       {{b.twin(), b.twin() + b.bytes()}, packed, "packed bucket"});
 
-  char *payload = staging.take(b.bytes());
+  char *payload = round.take(b.bytes());
   fill_random(payload, b.bytes(), b.wire, rng);
   std::memcpy(b.twin(), payload, b.bytes());
   CUDA_OK(cudaMemcpyAsync(b.device(), payload, b.bytes(),
@@ -228,20 +238,12 @@ void step(CudaPacker &packer, Bucket &b, cudaStream_t producer, cudaStream_t s1,
   STATUS_OK(unpack_host(b.twin_table, b.twin(), b.wire, b.scale, b.divisor));
   for (size_t i = 0; i < b.tensors.size(); ++i) {
     Tensor &t = b.tensors[i];
-    char *unpacked = staging.take(t.bytes());
+    char *unpacked = round.take(t.bytes());
     CUDA_OK(cudaMemcpyAsync(unpacked, t.device, t.bytes(),
                             cudaMemcpyDeviceToHost, s2));
-    readbacks.push_back(
+    round.readbacks.push_back(
         {t.twin, unpacked, "unpacked tensor " + std::to_string(i)});
   }
-}
-
-bool matches(const std::vector<Readback> &readbacks, const std::string &when) {
-  for (const Readback &r : readbacks) {
-    if (!same_bytes(r.twin.data(), r.got, r.twin.size(), when + ": " + r.what))
-      return false;
-  }
-  return true;
 }
 
 cudaStream_t new_stream(unsigned flags) {
@@ -270,8 +272,7 @@ bool training(uint64_t seed) {
     buckets.push_back(
         make_bucket(rng, rng() % 6 == 0 ? Rows::kMany : Rows::kFew));
   for (int k = 0; k < 6; ++k) {
-    Staging staging;
-    std::vector<Readback> readbacks;
+    Round round;
     std::vector<size_t> order(n);
     for (size_t i = 0; i < n; ++i)
       order[i] = i;
@@ -280,11 +281,11 @@ bool training(uint64_t seed) {
     size_t own = 0; // the copies step() makes: 2 per tensor, 2 per bucket
     for (size_t i : order) {
       step(*packer, buckets[i], producer, streams[rng() % 4],
-           streams[rng() % 4], rng, staging, readbacks);
+           streams[rng() % 4], rng, round);
       own += 2 * buckets[i].tensors.size() + 2;
     }
     CUDA_OK(cudaDeviceSynchronize());
-    if (!matches(readbacks, "training, step " + std::to_string(k)))
+    if (!round.matches("training, step " + std::to_string(k)))
       return false;
     // Each table is uploaded once, when the packer keeps them all.
     const size_t uploads = nncomm_fake_copies() - copies - own;
@@ -314,12 +315,11 @@ bool threads(uint64_t seed) {
       for (int i = 0; i < 3; ++i)
         buckets.push_back(make_bucket(rng, Rows::kFew));
       for (int k = 0; k < 4; ++k) {
-        Staging staging;
-        std::vector<Readback> readbacks;
+        Round round;
         for (Bucket &b : buckets)
-          step(*packer, b, s, s, s, rng, staging, readbacks);
+          step(*packer, b, s, s, s, rng, round);
         CUDA_OK(cudaStreamSynchronize(s));
-        if (!matches(readbacks, "thread " + std::to_string(w)))
+        if (!round.matches("thread " + std::to_string(w)))
           return;
       }
       for (Bucket &b : buckets)
@@ -336,16 +336,16 @@ bool threads(uint64_t seed) {
 // One step of `b` on `s` with `packer`, checked.
 bool checked_step(CudaPacker &packer, Bucket &b, cudaStream_t s,
                   std::mt19937_64 &rng, const std::string &when) {
-  Staging staging;
-  std::vector<Readback> readbacks;
-  step(packer, b, s, s, s, rng, staging, readbacks);
+  Round round;
+  step(packer, b, s, s, s, rng, round);
   CUDA_OK(cudaDeviceSynchronize());
-  return matches(readbacks, when);
+  return round.matches(when);
 }
 
 // Tables evicted while the kernels that read them are pending on another
 // stream: eight buckets fill the slots on `a`, eight more evict them on
-// `b`, then the first eight come back on `b` and the others on `a`. The
+// `b`, then, in a second pass, the first eight come back on `b` and the
+// others on `a`. The
 // tables are all of one size, so no slot grows (growing waits for the
 // device), and work runs only when the host waits for it.
 bool cross_stream_reuse(uint64_t seed) {
@@ -358,16 +358,14 @@ bool cross_stream_reuse(uint64_t seed) {
   std::vector<Bucket> buckets;
   for (int i = 0; i < 16; ++i)
     buckets.push_back(make_bucket(rng, Rows::kTwo));
-  for (int round = 0; round < 2; ++round) {
-    Staging staging;
-    std::vector<Readback> readbacks;
+  for (int pass = 0; pass < 2; ++pass) {
+    Round round;
     for (int i = 0; i < 16; ++i) {
-      const cudaStream_t s = (i < 8) == (round == 0) ? a : b;
-      step(*packer, buckets[i], s, s, s, rng, staging, readbacks);
+      const cudaStream_t s = (i < 8) == (pass == 0) ? a : b;
+      step(*packer, buckets[i], s, s, s, rng, round);
     }
     CUDA_OK(cudaDeviceSynchronize());
-    if (!matches(readbacks,
-                 "cross-stream reuse, round " + std::to_string(round)))
+    if (!round.matches("cross-stream reuse, pass " + std::to_string(pass)))
       return false;
   }
   packer.reset();
@@ -484,13 +482,12 @@ bool failures(uint64_t seed) {
   CHECK(nncomm_fake_launches() == launches);
 
   {
-    Staging staging;
-    std::vector<Readback> readbacks;
-    step(*packer, b, s, s, s, rng, staging, readbacks);
+    Round round;
+    step(*packer, b, s, s, s, rng, round);
     CHECK(nncomm_fake_pending() > 0);
     packer.reset(); // must wait for its kernels before freeing their tables
     CUDA_OK(cudaDeviceSynchronize());
-    if (!matches(readbacks, "packer destroyed with work pending"))
+    if (!round.matches("packer destroyed with work pending"))
       return false;
   }
 
@@ -502,12 +499,11 @@ bool failures(uint64_t seed) {
     buckets.push_back(make_bucket(rng, Rows::kFew));
   buckets.push_back(make_bucket(rng, Rows::kMany));
   {
-    Staging staging;
-    std::vector<Readback> readbacks;
+    Round round;
     for (Bucket &small : buckets)
-      step(*packer, small, s, s, s, rng, staging, readbacks);
+      step(*packer, small, s, s, s, rng, round);
     CUDA_OK(cudaDeviceSynchronize());
-    if (!matches(readbacks, "slot grown under pending kernels"))
+    if (!round.matches("slot grown under pending kernels"))
       return false;
   }
   packer.reset();
