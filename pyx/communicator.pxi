@@ -32,6 +32,12 @@ cdef class Communicator:
     cdef list _ctx_params
 
     def __cinit__(self, ctx):
+        backends = list(getattr(ctx, "backend", None) or [])
+        if not backends or any(not str(b).startswith("cpu") for b in backends):
+            # MPI would be handed device addresses as host memory.
+            raise ValueError(
+                "nncomm's MPI communicator needs a CPU context, as from "
+                f"get_extension_context('cpu'); got backend {backends}")
         self._ctx = ctx
         self._initialized = False
         self._groups = {}

@@ -28,19 +28,26 @@ def test_factory_makes_a_communicator_from_a_cpu_context(name):
         assert isinstance(comm.name, str) and comm.name
 
 
-@pytest.mark.parametrize("name", FACTORIES)
+# The class itself as well: constructed directly, it must not hand device
+# addresses to MPI either.
+CONSTRUCTORS = {name: getattr(C, name) for name in FACTORIES}
+CONSTRUCTORS["nncomm.Communicator"] = nncomm.Communicator
+
+
+@pytest.mark.parametrize("name", sorted(CONSTRUCTORS))
 @pytest.mark.parametrize("backend", [["cudnn:float"], ["cuda:half"],
                                      ["cuda:float", "cpu:float"]])
-def test_factory_rejects_a_non_cpu_context(name, backend):
+def test_non_cpu_context_is_refused(name, backend):
     ctx = nn.Context(backend=backend, array_class="CudaCachedArray",
                      device_id="0")
     with pytest.raises(ValueError, match="CPU context"):
-        getattr(C, name)(ctx)
+        CONSTRUCTORS[name](ctx)
 
 
-def test_factory_rejects_a_missing_context():
+@pytest.mark.parametrize("name", sorted(CONSTRUCTORS))
+def test_missing_context_is_refused(name):
     with pytest.raises(ValueError, match="CPU context"):
-        C.MultiProcessDataParallelCommunicator(None)
+        CONSTRUCTORS[name](None)
 
 
 def _uninitialised():

