@@ -2,13 +2,22 @@
 # nnabla's backward goes on. The hook here is the framework adapter: it
 # counts, per gradient, the functions still to write it (graph.py), and hands
 # each gradient to the engine (src/engine.cpp) once the last one has.
+#
+# What a backward in flight needs lives in the state shared by every
+# callback over the same gradients (_CallbackState.backward), not in a
+# callback object: a new callback each iteration then still sees, and
+# closes, a backward that stopped part-way.
+
+import threading
+
+import nnabla as nn
 
 from nncomm.graph import analyze
 
 # Bounds on what is kept per set of gradients: analyses of distinct graphs
 # (each keeps its graph alive, so few: a script that builds a new graph
 # every iteration needs only the latest), and engines (one thread each) for
-# distinct sets of reached gradients.
+# distinct plans.
 cdef int _MAX_ANALYSES = 2
 cdef int _MAX_ENGINES = 4
 cdef int _MAX_STATES = 16
@@ -22,6 +31,11 @@ cdef dict _WIRE_DTYPES = {
 
 cdef dict _WIRE_ITEMSIZE = {code: dt.itemsize
                             for dt, code in _DTYPE_CODES.items()}
+
+# The states with a backward in flight, on any thread. A thread that enters
+# nncomm anywhere else (another backward, a collective, a solver) while its
+# own backward is still in flight knows that backward has stopped part-way.
+cdef set _in_flight = set()
 
 
 cdef object wire_dtype_of(ctx):
@@ -37,33 +51,133 @@ cdef void remember(dict cache, key, value, int bound):
     cache[key] = value
 
 
+cdef int close_stopped_backwards(str entry, object call=None) except -1:
+    """Closes the backwards of this thread that stopped part-way, before
+    `entry` (what this thread is doing instead) goes on; `call`: the
+    Function of a hook call, whose own backward is not closed.
+
+    A backward stopped by an exception nncomm saw (nncomm.chain_hooks) was
+    closed at once; any other means a graph analysis missed the end of
+    backward, or an exception nncomm did not see: the gradients were not
+    reduced, so this raises, on every rank where it stopped.
+    """
+    if not _in_flight:
+        return 0
+    thread = threading.get_ident()
+    for state in list(_in_flight):
+        bw = (<_CallbackState>state).backward
+        if bw is not None and bw.thread == thread and bw.last is not call:
+            (<_CallbackState>state).close(
+                f"the last backward over these gradients returned (or "
+                f"raised) before {bw.describe_missing()} ran, and {entry} "
+                f"came next; its gradients were not all-reduced", True)
+    return 0
+
+
+def _before_solver():
+    # nnabla calls this before a solver reads the gradients (update,
+    # weight_decay, clip_grad_by_norm, ...), once per parameter; a no-op
+    # unless a backward of this thread stopped part-way. Raising here would
+    # not help: nnabla goes on updating the other parameters. So the
+    # stopped backward's remaining gradients are reduced as they are, which
+    # is what the solver must see if backward did end there.
+    if not _in_flight:
+        return
+    thread = threading.get_ident()
+    for state in list(_in_flight):
+        bw = (<_CallbackState>state).backward
+        if bw is not None and bw.thread == thread:
+            warnings.warn(
+                f"backward returned before {bw.describe_missing()} ran, "
+                f"which nncomm's graph analysis expected; the remaining "
+                f"gradients were all-reduced when a solver started",
+                RuntimeWarning)
+            (<AllReduceCallback>bw.owner)._flush(bw)
+
+
+cdef bint _solver_hooked = False
+
+
+cdef int hook_solvers() except -1:
+    """Makes every nnabla solver close stopped backwards first, so that no
+    solver step applies gradients that were not all-reduced."""
+    global _solver_hooked
+    if not _solver_hooked:
+        nn.set_solver_pre_hook("nncomm", _before_solver)
+        _solver_hooked = True
+    return 0
+
+
 cdef class _Engine:
-    """An engine thread with its fixed bucket plan, and the gradients the
-    plan leaves for the end (those the graph does not reach)."""
+    """An engine thread with its fixed bucket plan, the gradients the plan
+    leaves for the end (those the graph does not reach), and the sizes and
+    dtypes it was planned for."""
     cdef unique_ptr[Engine] engine
-    cdef _Group group
     cdef list unreached
-    cdef list dtypes  # per gradient: its planned dtype code (keep_dtype)
+    cdef tuple sizes
+    cdef tuple codes  # per gradient: its dtype code when planned
+
+
+cdef class _Backward:
+    """One backward in flight over a set of gradients."""
+    cdef object owner  # the AllReduceCallback whose call began it
+    cdef object graph
+    cdef _Engine engine
+    cdef vector[int] pending  # per gradient: functions still to write it
+    cdef bytearray called  # per function of the graph: has it run
+    cdef Py_ssize_t calls_left
+    # The Function of the latest hook call, kept alive so that identity
+    # tells a second hook call for the same function call.
+    cdef object last
+    cdef object thread
+
+    cdef str describe_missing(self):
+        missing = [f.name for f, (i, _) in self.graph.consumers.items()
+                   if not self.called[i]]
+        shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+        return f"{len(missing)} of its functions ({shown})"
 
 
 cdef class _CallbackState:
     """What callbacks over the same gradients share across iterations and
     across callback objects: graph analyses and engines, so that a static
-    graph is analysed once and steady-state iterations allocate nothing."""
+    graph is analysed once and steady-state iterations allocate nothing,
+    and the backward in flight."""
     cdef dict analyses
     cdef dict engines
     cdef dict _positions
+    cdef _Backward backward
+    cdef _Engine latest
+    cdef _Group group
 
-    def __cinit__(self):
+    def __cinit__(self, _Group group):
         self.analyses = {}
         self.engines = {}
         self._positions = None
+        self.group = group
 
     cdef dict positions(self, list grads):
         """Gradient array to its position in the list."""
         if self._positions is None:
             self._positions = {x: i for i, x in enumerate(grads)}
         return self._positions
+
+    cdef int close(self, str message, bint raise_it) except -1:
+        """Ends the backward in flight as failed: the engine sends its
+        remaining buckets zero-filled and the failure round, and the tail is
+        reduced, which are the calls every other rank makes to finish that
+        backward, so the ranks stay matched whether they stopped too or
+        not. Raises `message` with `raise_it`."""
+        cdef _Backward bw = self.backward
+        # An analysis that mispredicted must not be used again.
+        self.analyses.clear()
+        bw.engine.engine.get().fail(message.encode())
+        try:
+            (<AllReduceCallback>bw.owner)._finish(bw)
+        except RuntimeError:
+            if raise_it:
+                raise
+        return 0
 
 
 cdef class AllReduceCallback:
@@ -79,13 +193,6 @@ cdef class AllReduceCallback:
     cdef float scale
     cdef size_t pack_size
     cdef int wire
-    # The backward under way.
-    cdef bint active
-    cdef object root
-    cdef object graph
-    cdef _Engine current
-    cdef vector[int] pending
-    cdef Py_ssize_t calls_left
 
     @property
     def schedule(self):
@@ -97,68 +204,109 @@ cdef class AllReduceCallback:
         timing both on the first iterations. ``None`` before the first
         backward. ``NNCOMM_LAUNCH=eager`` or ``deferred`` fixes it.
         """
-        if self.current is None:
+        if self.state.latest is None:
             return None
         cdef cpp_bool decided = False
-        cdef Launch launch = self.current.engine.get().launch(&decided)
+        cdef Launch launch = self.state.latest.engine.get().launch(&decided)
         if not decided:
             return "tuning"
         return "eager" if launch == Launch.kEager else "deferred"
 
-    def __call__(self, f):
-        if self.active and f == self.root:
-            self._abandon()
-        if not self.active:
-            self._begin(f)
-        written = self.graph.consumers.get(f)
-        if written is None:
-            self._fail(f"backward called {f.name}, which was not in the "
-                       f"graph when this backward started; was the graph "
-                       f"changed? Gradients were not all-reduced")
-        for i in written:
-            self.pending[i] -= 1
-            if self.pending[i] == 0:
-                self._ready(i)
-        self.calls_left -= 1
-        if self.calls_left == 0:
-            self._finish()
+    def backward_raised(self):
+        """Tells the callback that the backward under way is ending with an
+        exception, so that it is closed now (the other ranks then raise
+        instead of waiting for this one) and the next backward goes on.
+        :func:`nncomm.chain_hooks` calls it when a hook raises.
+        """
+        if self.state.backward is not None and \
+                self.state.backward.thread == threading.get_ident():
+            self.state.close("backward raised on this rank", False)
 
-    cdef int _begin(self, f) except -1:
+    def __call__(self, f):
+        cdef _Backward bw = self.state.backward
+        if bw is not None:
+            if f is bw.last:
+                self._fail(bw, "two callbacks over the same gradients were "
+                           "called for one function of one backward (e.g. "
+                           "chained twice); give each backward one callback "
+                           "per set of gradients")
+            entry = bw.graph.consumers.get(f)
+            if entry is None and bw.graph.feeds_a_called_function(f):
+                self._fail(bw, f"backward called {f.name}, which the graph "
+                           f"analysis did not expect (was the graph changed "
+                           f"during backward?); gradients were not "
+                           f"all-reduced")
+            if entry is None or bw.called[entry[0]]:
+                # `f` starts another backward: the one in flight stopped
+                # part-way (this raises).
+                close_stopped_backwards("another backward")
+                bw = None
+        if bw is None:
+            close_stopped_backwards("another backward", f)
+            self._refuse_overlap(f)
+            bw = self._begin(f)
+            entry = bw.graph.consumers[f]
+        bw.last = f
+        index, written = entry
+        bw.called[index] = 1
+        for i in written:
+            bw.pending[i] -= 1
+            if bw.pending[i] == 0:
+                self._ready(bw, i)
+        bw.calls_left -= 1
+        if bw.calls_left == 0:
+            self._finish(bw)
+
+    cdef int _refuse_overlap(self, f) except -1:
+        """Refuses a second callback in this backward (chained with this
+        one) that reduces some of the same gradients: they would be summed
+        twice."""
+        thread = threading.get_ident()
+        for state in _in_flight:
+            other = (<_CallbackState>state).backward
+            if other.thread == thread and other.last is f and \
+                    not self.positions.keys().isdisjoint(
+                        (<_CallbackState>state)._positions):
+                (<_CallbackState>state).close(
+                    "two callbacks chained in one backward reduce some of "
+                    "the same gradients, which would be summed twice", True)
+        return 0
+
+    cdef _Backward _begin(self, f):
         graph = self.state.analyses.get(f)
         if graph is None or not graph.still_valid():
             graph = analyze(f, self.positions)
             remember(self.state.analyses, f, graph, _MAX_ANALYSES)
-        cdef _Engine engine = self.state.engines.get(graph.reached)
+        # The plan follows the gradients as they are now: a parameter
+        # reshaped or a gradient whose dtype changed gets a plan of its own.
+        sizes = tuple(x.size for x in self.data)
+        codes = tuple(_DTYPE_CODES.get(dtype_of(x), -1) for x in self.data)
+        key = (graph.reached, sizes, codes)
+        cdef _Engine engine = self.state.engines.get(key)
         if engine is None:
-            engine = self._new_engine(graph.reached)
-            remember(self.state.engines, graph.reached, engine, _MAX_ENGINES)
-        self.graph = graph
-        self.root = f
-        self.current = engine
-        self.pending = graph.counts
-        self.calls_left = len(graph.functions)
-        engine.engine.get().begin(self.scale,
-                                  len(self.group.ranks) if self.division else 1)
-        self.active = True
-        return 0
+            engine = self._new_engine(graph.reached, sizes, codes)
+            remember(self.state.engines, key, engine, _MAX_ENGINES)
+        cdef Status status = engine.engine.get().begin(
+            self.scale, len(self.group.ranks) if self.division else 1)
+        CHKSTATUS(status)
+        cdef _Backward bw = _Backward.__new__(_Backward)
+        bw.owner = self
+        bw.graph = graph
+        bw.engine = engine
+        bw.pending = graph.counts
+        bw.called = bytearray(len(graph.functions))
+        bw.calls_left = len(graph.functions)
+        bw.thread = threading.get_ident()
+        self.state.backward = bw
+        self.state.latest = engine
+        _in_flight.add(self.state)
+        return bw
 
-    cdef _Engine _new_engine(self, tuple reached):
-        cdef vector[TensorSpec] specs
-        cdef TensorSpec spec
-        codes = []
-        for x in self.data:
-            code = _DTYPE_CODES[dtype_of(x)]
-            codes.append(code)
-            spec.count = x.size
-            spec.dtype = <DType><int>code
-            specs.push_back(spec)
-        # Gradients of the last layers are final first: plan those first.
-        cdef vector[size_t] order = list(reversed(reached))
+    cdef _Engine _new_engine(self, tuple reached, tuple sizes, tuple codes):
         # Every rank must plan the same buckets, or their MPI calls would not
         # match: one small all-reduce, once per new plan.
-        signature = hash((tuple(x.size for x in self.data),
-                          tuple(codes) if self.keep_dtype else (), reached,
-                          self.pack_size, self.keep_dtype, self.wire))
+        signature = hash((sizes, codes, reached, self.pack_size,
+                          self.keep_dtype, self.wire))
         cdef cpp_bool same = False
         cdef Status status
         cdef uint64_t value = <uint64_t>(signature & 0xFFFFFFFFFFFFFFFF)
@@ -170,6 +318,18 @@ cdef class AllReduceCallback:
                 "the ranks of this group disagree on the gradients this "
                 "callback reduces (their number, sizes or dtypes, or which "
                 "of them the graph reaches)")
+        cdef vector[TensorSpec] specs
+        cdef TensorSpec spec
+        for i, (size, code) in enumerate(zip(sizes, codes)):
+            dt = dtype_of(self.data[i])
+            if code < 0 or dt.kind != "f":
+                raise TypeError(f"data[{i}] is {dt}; gradients must be "
+                                f"float32, float16 or float64")
+            spec.count = size
+            spec.dtype = <DType><int>code
+            specs.push_back(spec)
+        # Gradients of the last layers are final first: plan those first.
+        cdef vector[size_t] order = list(reversed(reached))
         # The engine's own communicator: two callbacks on one group (say,
         # chained for two halves of the model) must not interleave their
         # collectives on a shared one.
@@ -178,11 +338,11 @@ cdef class AllReduceCallback:
             status = deref(self.group.transport).Duplicate(&own)
         CHKSTATUS(status)
         cdef _Engine engine = _Engine.__new__(_Engine)
-        engine.group = self.group
         planned = set(reached)
         engine.unreached = [i for i in range(len(self.data))
                             if i not in planned]
-        engine.dtypes = codes
+        engine.sizes = sizes
+        engine.codes = codes
         engine.engine.reset(new Engine(
             move(own), len(self.data),
             plan_buckets(specs, order, self.pack_size, self.keep_dtype,
@@ -191,50 +351,49 @@ cdef class AllReduceCallback:
             engine_poll_us()))
         return engine
 
-    cdef int _ready(self, Py_ssize_t i) except -1:
+    cdef int _ready(self, _Backward bw, Py_ssize_t i) except -1:
         x = self.data[i]
         dt = dtype_of(x)
         code = _DTYPE_CODES.get(dt)
-        if code is None or (self.keep_dtype and code != self.current.dtypes[i]):
-            self._fail(f"data[{i}] became {dt} during backward; the callback "
-                       f"planned it as {self.current.dtypes[i]}")
+        if code is None or dt.kind != "f":
+            self._fail(bw, f"data[{i}] became {dt} during backward; "
+                       f"gradients must be float32, float16 or float64")
+        if x.size != bw.engine.sizes[i]:
+            self._fail(bw, f"data[{i}] has {x.size} elements, "
+                       f"{bw.engine.sizes[i]} when this backward began "
+                       f"(reshaped during backward?)")
+        # A dtype other than planned is converted into and out of the
+        # bucket's; the next backward plans for it.
         cdef void* ptr = <void*><uintptr_t>x.data_ptr(dt, self.ctx)
-        self.current.engine.get().mark_ready(i, ptr, <DType><int>code)
+        bw.engine.engine.get().mark_ready(i, ptr, <DType><int>code)
         return 0
 
-    cdef int _abandon(self) except -1:
-        """Closes a backward that stopped part-way (an exception in a hook
-        or a function ends nnabla's backward at once): the engine sends its
-        remaining buckets zero-filled and the tail is reduced, the calls
-        every other rank made to finish that backward, so the ranks stay
-        matched whether they stopped too or not; then the new backward goes
-        on."""
-        warnings.warn("the previous backward ended before all of its "
-                      "functions ran; its gradients were not all-reduced",
-                      RuntimeWarning)
-        self.current.engine.get().fail(b"abandoned")
-        try:
-            self._finish()
-        except RuntimeError:
-            pass  # the abandoned backward's own failure, reported above
-        return 0
+    cdef int _flush(self, _Backward bw) except -1:
+        """Ends a backward whose remaining functions will not run: every
+        gradient still pending is reduced with what it holds."""
+        self.state.analyses.clear()
+        for i in range(bw.pending.size()):
+            if bw.pending[i] > 0:
+                bw.pending[i] = 0
+                self._ready(bw, i)
+        return self._finish(bw)
 
-    cdef int _fail(self, str message) except -1:
+    cdef int _fail(self, _Backward bw, str message) except -1:
         # The engine still sends every remaining bucket (zeros) and then the
         # failure flag, so the other ranks learn of it instead of waiting.
-        self.current.engine.get().fail(message.encode())
-        return self._finish()
+        return self.state.close(message, True)
 
-    cdef int _finish(self) except -1:
-        self.active = False
-        cdef Engine* engine = self.current.engine.get()
+    cdef int _finish(self, _Backward bw) except -1:
+        self.state.backward = None
+        _in_flight.discard(self.state)
+        cdef Engine* engine = bw.engine.engine.get()
         cdef Status status
         with nogil:
             status = engine.finish()
         # Every rank reduces the unreached gradients, whatever happened
         # above, so that the ranks' MPI calls stay matched.
         cdef ArrayList tail = collect(
-            [self.data[i] for i in self.current.unreached], self.ctx, "data",
+            [self.data[i] for i in bw.engine.unreached], self.ctx, "data",
             None, True)
         cdef Materializer materialize = tail.materializer()
         cdef Status tail_status

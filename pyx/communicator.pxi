@@ -90,6 +90,7 @@ cdef class Communicator:
     def barrier(self):
         """Blocks until every process of the world group has called it."""
         cdef _Group world = self._world()
+        close_stopped_backwards("a barrier")
         cdef Status status
         with nogil:
             status = deref(world.transport).barrier()
@@ -225,6 +226,7 @@ cdef class Communicator:
 
     cdef _Group _member(self, group):
         self._world()
+        close_stopped_backwards("another nncomm call")
         cdef _Group g = self._groups.get(group)
         if g is None:
             raise ValueError(
@@ -451,11 +453,12 @@ cdef class Communicator:
                 "all_reduce_callback runs MPI on an engine thread and needs "
                 "MPI initialized with MPI_THREAD_MULTIPLE (mpi4py's default; "
                 "check mpi4py.rc.thread_level)")
+        hook_solvers()
         wire = wire_dtype_of(self._ctx)
         key = (group, size, keep_dtype, wire, tuple(grads))
         cdef _CallbackState state = self._callback_states.get(key)
         if state is None:
-            state = _CallbackState()
+            state = _CallbackState(g)
             remember(self._callback_states, key, state, _MAX_STATES)
         cdef AllReduceCallback cb = AllReduceCallback.__new__(AllReduceCallback)
         cb.group = g

@@ -92,7 +92,7 @@ cdef extern from "nncomm/engine.hpp" namespace "nncomm" nogil:
     cdef cppclass Engine:
         Engine(unique_ptr[MpiTransport] transport, size_t num_tensors,
                vector[Bucket] plan, int poll_us)
-        void begin(float scale, int divisor)
+        Status begin(float scale, int divisor)
         void mark_ready(size_t tensor, void* ptr, DType dtype)
         void fail(const string& message)
         Status finish()

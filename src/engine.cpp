@@ -32,8 +32,14 @@ Engine::~Engine() {
   thread_.join();
 }
 
-void Engine::begin(float scale, int divisor) {
+Status Engine::begin(float scale, int divisor) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (active_) {
+    // Its thread may be reducing a bucket of that iteration right now.
+    return Status::RuntimeError(
+        "nncomm's engine is still in an iteration; close it (finish()) "
+        "before beginning another");
+  }
   for (size_t b = 0; b < plan_.size(); ++b) {
     pending_[b] = plan_[b].tensors.size();
   }
@@ -48,6 +54,7 @@ void Engine::begin(float scale, int divisor) {
   divisor_ = divisor;
   hurry_ = false;
   started_ = std::chrono::steady_clock::now();
+  return Status::Ok();
 }
 
 void Engine::mark_ready(size_t tensor, void *ptr, DType dtype) {
@@ -158,17 +165,9 @@ Launch Engine::launch(bool *decided) {
   return tuner_.next();
 }
 
-Status Engine::reduce_direct(const Bucket &bucket, bool failed) {
+Status Engine::reduce_direct(const Bucket &bucket) {
   const Segment &s = bucket.segments[0];
   char *ptr = static_cast<char *>(ptrs_[s.tensor]);
-  if (failed || ptr == nullptr) {
-    // This rank's zeros keep the others' calls matched.
-    char *zeros = nullptr;
-    const size_t bytes = s.count * dtype_size(bucket.dtype);
-    NNCOMM_RETURN_IF_ERROR(staging_.reserve(bytes, &zeros));
-    std::memset(zeros, 0, bytes);
-    return transport_->allreduce(zeros, s.count, bucket.dtype, &polling_);
-  }
   return reduce_in_place(*transport_,
                          ptr + s.tensor_offset * dtype_size(bucket.dtype),
                          s.count, bucket.dtype, scale_, divisor_, &polling_);
@@ -176,9 +175,13 @@ Status Engine::reduce_direct(const Bucket &bucket, bool failed) {
 
 Status Engine::reduce_bucket(size_t b, bool failed) {
   const Bucket &bucket = plan_[b];
-  if (bucket.direct)
-    return reduce_direct(bucket, failed);
-  // A failed rank, or a gradient never written here, sends zeros.
+  if (bucket.direct && !failed && ptrs_[bucket.segments[0].tensor] != nullptr &&
+      dtypes_[bucket.segments[0].tensor] == bucket.dtype)
+    return reduce_direct(bucket);
+  // Through the staging buffer: a failed rank, or a gradient never written
+  // here, sends zeros; a gradient whose dtype is not the planned one is
+  // converted into and out of the bucket's, so the MPI call stays the one
+  // every rank planned.
   segments_.clear();
   for (const Segment &s : bucket.segments) {
     segments_.push_back({failed ? nullptr : ptrs_[s.tensor], dtypes_[s.tensor],

@@ -4,9 +4,17 @@ write each gradient, against what nnabla's backward actually does."""
 import nnabla as nn
 import nnabla.functions as F
 import nnabla.parametric_functions as PF
+import os
+import sys
+
 import numpy as np
+import pytest
 
 from nncomm.graph import analyze
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi"))
+from graph_catalogue import (CATALOGUE, gan_need_grad_false,  # noqa: E402
+                             shared_weights, stop_gradient_mid_chain)
 
 
 def graph_with_shared_and_frozen():
@@ -42,7 +50,7 @@ def test_analysis_matches_nnabla_backward():
     assert counts["unused"] == 0
     assert [names[i] for i in graph.reached] == ["shared"]
     # Each call that writes a gradient is predicted to write it.
-    written = [names[i] for f in called for i in graph.consumers[f]]
+    written = [names[i] for f in called for i in graph.consumers[f][1]]
     assert written.count("shared") == 3
     assert graph.still_valid()
 
@@ -67,3 +75,70 @@ def test_analysis_notices_need_grad_changes():
     called = []
     loss.backward(function_post_hook=called.append)
     assert called == []  # nothing needs grad any more
+
+
+# -- every graph of the catalogue, as users build them ----------------------
+
+@pytest.mark.parametrize("build", CATALOGUE,
+                         ids=[b().name for b in CATALOGUE])
+def test_analysis_matches_nnabla_on_user_graphs(build):
+    """Over three training steps (flags may change between them): the
+    predicted functions are exactly those nnabla's backward calls, and the
+    gradients predicted to be written are exactly those backward wrote
+    (left zeroing otherwise)."""
+    g = build()
+    rng = np.random.RandomState(0)
+    for step in range(3):
+        g.next_step()
+        g.feed(lambda name, shape: rng.randn(*shape).astype(np.float32))
+        called = []
+        g.run(called.append)
+        assert called, f"{g.name}: backward called no function"
+        graph = analyze(called[0], {x: i for i, x in enumerate(g.grads())})
+        assert len(called) == len(set(called)), f"{g.name}: a function twice"
+        assert set(graph.consumers) == set(called), (
+            f"{g.name} step {step}: predicted "
+            f"{sorted(f.name for f in graph.consumers)}, nnabla called "
+            f"{sorted(f.name for f in called)}")
+        written = [g.names[i] for i, p in enumerate(g.params)
+                   if not p.grad.zeroing]
+        assert [g.names[i] for i in graph.reached] == written, (
+            f"{g.name} step {step}: predicted writes "
+            f"{[g.names[i] for i in graph.reached]}, nnabla wrote {written}")
+        assert graph.still_valid()
+
+
+def test_analysis_notices_a_stop_gradient_set_after_forward():
+    """need_grad=False set on an intermediate after forward takes effect
+    in the next backward; a cached analysis must see that."""
+    g = gan_need_grad_false("gd")
+    g.feed(lambda name, shape: np.ones(shape, np.float32))
+    called = []
+    g.run(called.append)
+    graph = analyze(called[0], {x: i for i, x in enumerate(g.grads())})
+    fake = next(v for f in called for v in f.inputs
+                if v.parent is not None and not v.need_grad)
+    fake.need_grad = True
+    assert not graph.still_valid()
+    fake.need_grad = False
+    assert graph.still_valid()
+
+
+def test_an_unexpected_function_is_told_from_another_backward():
+    """A function missing from an analysis but feeding a function it
+    predicts belongs to the same backward; a function of another graph
+    does not."""
+    g = stop_gradient_mid_chain()
+    g.feed(lambda name, shape: np.ones(shape, np.float32))
+    called = []
+    g.run(called.append)
+    graph = analyze(called[0], {x: i for i, x in enumerate(g.grads())})
+    producer = next(v.parent for f in called for v in f.inputs
+                    if v.parent is not None and v.parent not in
+                    graph.consumers)
+    assert graph.feeds_a_called_function(producer)
+    other = shared_weights()
+    other.feed(lambda name, shape: np.ones(shape, np.float32))
+    other_called = []
+    other.run(other_called.append)
+    assert not graph.feeds_a_called_function(other_called[0])

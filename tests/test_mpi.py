@@ -135,6 +135,21 @@ def test_launcher_kills_a_hang():
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.parametrize("n", (1, 2, 3))
+def test_callback_on_the_graphs_users_build(n):
+    run_worker("callback_graphs", n, timeout=120)
+
+
+@pytest.mark.parametrize("n", (1, 2, 3))
+def test_callback_backward_that_does_not_reach_its_end(n):
+    run_worker("callback_lifecycle", n, timeout=120)
+
+
+@pytest.mark.parametrize("n", (1, 2, 3))
+def test_callback_follows_runtime_dtypes_and_sizes(n):
+    run_worker("callback_dtypes", n, timeout=120)
+
+
 @pytest.mark.parametrize("n", (2, 3))
 def test_callback_one_rank_fails(n):
     run_worker("callback_one_rank_fails", n, timeout=120)

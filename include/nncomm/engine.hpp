@@ -53,10 +53,11 @@ public:
   Engine(const Engine &) = delete;
   Engine &operator=(const Engine &) = delete;
 
-  // Starts an iteration: every tensor of the plan is pending again.
-  void begin(float scale, int divisor);
-  // Tensor `tensor` is final, at `ptr`, holding `dtype` (which, with
-  // keep_dtype plans, is the dtype its bucket travels in).
+  // Starts an iteration: every tensor of the plan is pending again. Fails
+  // while the previous iteration is under way (finish() ends it).
+  Status begin(float scale, int divisor);
+  // Tensor `tensor` is final, at `ptr`, holding `dtype`. A dtype other
+  // than the one planned is converted to and from the bucket's dtype.
   void mark_ready(size_t tensor, void *ptr, DType dtype);
   // This rank failed: the remaining buckets go out zero-filled, the flag
   // round tells the other ranks, and finish() returns `message`.
@@ -72,7 +73,8 @@ private:
   void run();
   // Pack, all-reduce and unpack bucket `b`; `failed` sends zeros instead.
   Status reduce_bucket(size_t b, bool failed);
-  Status reduce_direct(const Bucket &bucket, bool failed);
+  // A direct bucket whose tensor is here in the planned dtype, in place.
+  Status reduce_direct(const Bucket &bucket);
   // The round after the last bucket: did any rank fail, and how long did
   // the iteration take on all ranks together (for the tuner)?
   Status close_iteration(bool failed, bool *any_failed, double *seconds);

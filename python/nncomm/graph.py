@@ -1,11 +1,18 @@
-"""Which functions nnabla's backward will call, and which of them consume
+"""Which functions nnabla's backward will call, and which of them write
 each gradient: the readiness counts of ``all_reduce_callback``.
 
-It follows nnabla's own traversal (``visit_function_backward``): from the
-root's parent function, a function with ``need_grad`` is called and opens the
-parents of its inputs whose producing function needs grad; a function
-without ``need_grad`` is skipped together with what lies behind it. The
-``need_grad`` flags are those nnabla set during the last forward.
+It follows nnabla 1.39's own traversal (``visit_function_backward`` and
+``BackwardCallback`` in ``computation_graph/variable.cpp``): starting from
+the root's parent, a function is called when its ``need_grad`` is set
+(otherwise skipped, and nothing behind it is opened through it); a called
+function writes the gradient of each input whose ``need_grad`` is set, and
+opens the parent of each such input. An input whose ``need_grad`` is False
+stops backward there even when its parent needs grad: the stop-gradient of
+GAN training (``fake.need_grad = False``).
+
+The flags are read as nnabla reads them during backward:
+``Function.need_grad`` as the last forward set it, ``Variable.need_grad``
+as it is now (setting it takes effect at once).
 """
 
 
@@ -14,32 +21,45 @@ class BackwardGraph:
 
     Attributes:
         consumers (dict): each function backward will call (an
-            ``nnabla.function.Function``; equal wrappers hash alike) to the
-            tuple of positions, in the gradient list, of the gradients its
-            backward writes.
+            ``nnabla.function.Function``; equal wrappers hash alike) to
+            ``(index, written)``: its place in `functions`, and the tuple of
+            positions, in the gradient list, of the gradients its backward
+            writes.
         counts (list of int): per gradient, how many called functions write
             it; 0 for gradients the graph does not reach.
         reached (tuple of int): the positions whose count is not 0.
         functions (list): the called functions, in discovery order.
-        need_grad (tuple of bool): their ``need_grad`` flags, to tell later
-            whether this analysis still holds.
     """
 
-    def __init__(self, consumers, counts, functions):
+    def __init__(self, consumers, counts, functions, flags):
         self.consumers = consumers
         self.counts = counts
         self.reached = tuple(i for i, c in enumerate(counts) if c > 0)
         self.functions = functions
-        self.need_grad = need_grad_flags(functions)
+        self._examined, self._flags = flags
+        self._inputs = None
 
     def still_valid(self):
-        """Whether the functions still need grad as they did (a parameter
-        frozen or unfrozen since changes which functions are called)."""
-        return need_grad_flags(self.functions) == self.need_grad
+        """Whether every flag the analysis read still reads the same (a
+        parameter frozen, or ``need_grad`` set on an intermediate, since
+        changes which functions are called)."""
+        return need_grad_flags(self._examined) == self._flags
+
+    def feeds_a_called_function(self, f):
+        """Whether an output of `f` is an input of a function this analysis
+        says backward calls: then backward calling `f` means the analysis
+        missed it, while any other function starts another backward."""
+        if self._inputs is None:
+            self._inputs = {v for g in self.functions for v in g.inputs
+                            if v.parent is not None}
+        return any(v in self._inputs for v in f.outputs)
 
 
 def need_grad_flags(functions):
-    return tuple(f.need_grad for f in functions)
+    """The flags of `functions` that decide what backward calls: each
+    function's ``need_grad`` and its inputs'."""
+    return tuple((f.need_grad, tuple(v.need_grad for v in f.inputs))
+                 for f in functions)
 
 
 def analyze(root, positions):
@@ -53,29 +73,42 @@ def analyze(root, positions):
 
     Returns:
         :obj:`BackwardGraph`
+
+    Example:
+
+    .. code-block:: python
+
+        called = []
+        loss.backward(function_post_hook=called.append)
+        graph = analyze(called[0], {p.grad: i for i, p in enumerate(params)})
+        assert set(graph.consumers) == set(called)
     """
     counts = [0] * len(positions)
     consumers = {}
     functions = []
+    examined = []  # every function opened, called or skipped
     stack = [root]
     opened = {root}
     while stack:
         f = stack.pop()
+        examined.append(f)
         if not f.need_grad:
             continue
-        functions.append(f)
         written = []
         for v in f.inputs:
+            if not v.need_grad:
+                continue  # no gradient written, nothing opened behind it
             parent = v.parent
             if parent is None:
-                # A leaf's gradient is written only if it needs one.
-                i = positions.get(v.grad) if v.need_grad else None
+                i = positions.get(v.grad)
                 if i is not None and i not in written:
                     written.append(i)
-            elif parent.need_grad and parent not in opened:
+            elif parent not in opened:
                 opened.add(parent)
                 stack.append(parent)
         for i in written:
             counts[i] += 1
-        consumers[f] = tuple(written)
-    return BackwardGraph(consumers, counts, functions)
+        consumers[f] = (len(functions), tuple(written))
+        functions.append(f)
+    return BackwardGraph(consumers, counts, functions,
+                         (examined, need_grad_flags(examined)))

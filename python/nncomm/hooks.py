@@ -9,7 +9,10 @@ def chain_hooks(*hooks):
         *hooks: callables taking an ``nnabla.function.Function``.
 
     Returns:
-        callable: the combined hook.
+        callable: the combined hook. When one of `hooks` raises (which ends
+        nnabla's backward), it first tells every hook that has a
+        ``backward_raised`` method (nncomm's callbacks), so that they close
+        their backward at once instead of leaving the other ranks waiting.
 
     Example:
 
@@ -24,7 +27,14 @@ def chain_hooks(*hooks):
             raise TypeError(f"{h!r} is not callable")
 
     def chained(f):
-        for h in active:
-            h(f)
+        try:
+            for h in active:
+                h(f)
+        except BaseException:
+            for h in active:
+                raised = getattr(h, "backward_raised", None)
+                if raised is not None:
+                    raised()
+            raise
 
     return chained
