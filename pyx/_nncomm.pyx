@@ -3,8 +3,9 @@
 """nncomm's compiled core: the communicator over MPI."""
 
 from cython.operator cimport dereference as deref
-from libc.stdint cimport uint64_t
+from libc.stdint cimport int64_t, uint64_t
 from libcpp cimport bool as cpp_bool
+from libcpp.mutex cimport mutex
 from libcpp.utility cimport move
 from mpi4py cimport MPI
 from libcore cimport *
@@ -16,6 +17,7 @@ import warnings
 from mpi4py import MPI
 
 include "errors.pxi"
+include "process.pxi"
 include "arrays.pxi"
 include "groups.pxi"
 include "callback.pxi"

@@ -311,7 +311,9 @@ cdef class AllReduceCallback:
         cdef Status status
         cdef uint64_t value = <uint64_t>(signature & 0xFFFFFFFFFFFFFFFF)
         with nogil:
+            self.group.busy.lock()
             status = deref(self.group.transport).agree(value, &same)
+            self.group.busy.unlock()
         CHKSTATUS(status)
         if not same:
             raise ValueError(
@@ -335,7 +337,9 @@ cdef class AllReduceCallback:
         # collectives on a shared one.
         cdef unique_ptr[MpiTransport] own
         with nogil:
+            self.group.busy.lock()
             status = deref(self.group.transport).Duplicate(&own)
+            self.group.busy.unlock()
         CHKSTATUS(status)
         cdef _Engine engine = _Engine.__new__(_Engine)
         planned = set(reached)
@@ -349,6 +353,20 @@ cdef class AllReduceCallback:
                          <DType><int>self.wire,
                          direct_bytes() // _WIRE_ITEMSIZE[self.wire]),
             engine_poll_us()))
+        # Every rank must know whether every rank has its buffer, or one
+        # that failed alone would leave the others waiting for its buckets.
+        cdef Status prepared = engine.engine.get().prepare()
+        cdef cpp_bool all_prepared = False
+        with nogil:
+            self.group.busy.lock()
+            status = deref(self.group.transport).agree(prepared.ok(),
+                                                       &all_prepared)
+            self.group.busy.unlock()
+        CHKSTATUS(status)
+        CHKSTATUS(prepared)
+        if not (all_prepared and prepared.ok()):
+            raise MemoryError("another rank of the group could not allocate "
+                              "the callback's staging buffer")
         return engine
 
     cdef int _ready(self, _Backward bw, Py_ssize_t i) except -1:
@@ -390,6 +408,8 @@ cdef class AllReduceCallback:
         cdef Status status
         with nogil:
             status = engine.finish()
+        if status.code() == StatusCode.kInterrupted:
+            CHKSTATUS(status)  # nothing can be sent any more
         # Every rank reduces the unreached gradients, whatever happened
         # above, so that the ranks' MPI calls stay matched.
         cdef ArrayList tail = collect(
@@ -398,9 +418,11 @@ cdef class AllReduceCallback:
         cdef Materializer materialize = tail.materializer()
         cdef Status tail_status
         with nogil:
+            self.group.busy.lock()
             tail_status = all_reduce_list(
                 deref(self.group.transport), self.group.fusion, tail.refs,
                 self.division, self.scale, True, materialize)
+            self.group.busy.unlock()
         CHKSTATUS(status)
         CHKSTATUS(tail_status)
         return 0

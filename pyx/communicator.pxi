@@ -52,12 +52,14 @@ cdef class Communicator:
         """
         if self._initialized:
             raise RuntimeError("the communicator is already initialized")
+        CHKSTATUS(validate())
         world = _Group(list(range(MPI.COMM_WORLD.Get_size())))
         cdef MPI_Comm comm = (<MPI.Comm>MPI.COMM_WORLD).ob_mpi
         cdef Status status
         with nogil:
             status = MpiTransport.Create(comm, &world.transport)
         CHKSTATUS(status)
+        _agree_on_settings(world)
         self._groups["world"] = world
         self._initialized = True
 
@@ -93,7 +95,9 @@ cdef class Communicator:
         close_stopped_backwards("a barrier")
         cdef Status status
         with nogil:
+            world.busy.lock()
             status = deref(world.transport).barrier()
+            world.busy.unlock()
         CHKSTATUS(status)
 
     def abort(self):
@@ -194,12 +198,19 @@ cdef class Communicator:
             raise ValueError(f"group {name!r} lists a rank twice: {ranks}")
         group = _Group(ranks)
         cdef vector[int] cranks = ranks
+        cdef cpp_bool member = deref(world.transport).rank() in ranks
         cdef Status status
-        if deref(world.transport).rank() in ranks:
-            with nogil:
+        # Every rank calls new_group: meeting them all first (a bounded
+        # wait) means no member can block in MPI_Comm_create_group, which
+        # has no nonblocking form, for a rank that never comes.
+        with nogil:
+            world.busy.lock()
+            status = deref(world.transport).barrier()
+            if status.ok() and member:
                 status = MpiTransport.CreateGroup(deref(world.transport),
                                                   cranks, &group.transport)
-            CHKSTATUS(status)
+            world.busy.unlock()
+        CHKSTATUS(status)
         self._groups[name] = group
         return name
 
@@ -271,9 +282,11 @@ cdef class Communicator:
         cdef Materializer materialize = arrays.materializer()
         cdef Status status
         with nogil:
+            g.busy.lock()
             status = all_reduce_list(deref(g.transport), g.fusion,
                                      arrays.refs, division, 1.0, not inplace,
                                      materialize)
+            g.busy.unlock()
         CHKSTATUS(status)
 
     def reduce(self, data, dst, bint division=False, bint inplace=False,
@@ -298,8 +311,10 @@ cdef class Communicator:
             arrays.check_floating("data")
         cdef Status status
         with nogil:
+            g.busy.lock()
             status = reduce_list(deref(g.transport), g.fusion,
                                  arrays.refs, root, division, not inplace)
+            g.busy.unlock()
         CHKSTATUS(status)
 
     def bcast(self, data, src, bint inplace=False, group="world"):
@@ -318,8 +333,10 @@ cdef class Communicator:
                                         self._ctx, "data", None, False)
         cdef Status status
         with nogil:
+            g.busy.lock()
             status = bcast_list(deref(g.transport), g.fusion, arrays.refs,
                                 root, not inplace)
+            g.busy.unlock()
         CHKSTATUS(status)
 
     def all_gather(self, ndarray, ndarray_list, group="world"):
@@ -346,8 +363,10 @@ cdef class Communicator:
                                       send.dtypes[0], False)
         cdef Status status
         with nogil:
+            g.busy.lock()
             status = all_gather(deref(g.transport), g.fusion,
                                 send.refs[0], recv.refs)
+            g.busy.unlock()
         CHKSTATUS(status)
 
     def reduce_scatter(self, ndarray_list, ndarray, bint division=False,
@@ -384,8 +403,10 @@ cdef class Communicator:
                                       send.dtypes[0], False)
         cdef Status status
         with nogil:
+            g.busy.lock()
             status = reduce_scatter(deref(g.transport), g.fusion,
                                     send.refs, recv.refs[0], division)
+            g.busy.unlock()
         CHKSTATUS(status)
 
     def all_reduce_callback(self, data, pack_size, bint division=False,
@@ -503,3 +524,38 @@ cdef _check_blocks(list arrays, str what, Py_ssize_t block, Py_ssize_t ranks):
             raise ValueError(
                 f"{what}[{i}] has {x.size} elements; {block} expected "
                 f"(the size of ndarray)")
+
+
+# Settings that change which MPI calls a collective makes: ranks that
+# differ in them would match different calls.
+cdef tuple _AGREED_SETTINGS = ("NNCOMM_CHUNK_BYTES", "NNCOMM_DIRECT_BYTES",
+                               "NNCOMM_CHECK_CALLS")
+
+
+cdef int _agree_on_settings(_Group world) except -1:
+    """Raises ValueError on every rank, naming the setting and which ranks
+    have which value, unless all ranks run with the same settings."""
+    cdef int64_t mine[3]
+    mine[0] = chunk_bytes()
+    mine[1] = direct_bytes()
+    mine[2] = check_calls()
+    n = len(world.ranks)
+    everyone = np.zeros((n, 3), np.int64)
+    cdef int64_t[:, ::1] out = everyone
+    cdef Status status
+    with nogil:
+        status = deref(world.transport).allgather(mine, &out[0, 0], 3,
+                                                   DType.kInt64)
+    CHKSTATUS(status)
+    for k, name in enumerate(_AGREED_SETTINGS):
+        values = everyone[:, k]
+        if (values != values[0]).any():
+            by_value = {}
+            for r, v in enumerate(values.tolist()):
+                by_value.setdefault(v, []).append(r)
+            raise ValueError(
+                f"{name} differs between ranks: "
+                + "; ".join(f"{v} on ranks {rs}"
+                            for v, rs in by_value.items())
+                + "; every rank must run with the same value")
+    return 0

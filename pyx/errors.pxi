@@ -1,7 +1,27 @@
 # Turning a C++ Status into a Python exception.
 
+from cpython.ref cimport PyObject
+from cpython.exc cimport PyErr_Restore
+
+from nncomm.errors import CommunicatorError
+
+# The exception a signal handler raised during a wait (Ctrl-C's
+# KeyboardInterrupt), kept aside while the wait unwinds without the GIL and
+# raised again by raise_status.
+cdef PyObject* _signal_raised[3]
+
+
 cdef int raise_status(const Status& status) except -1:
     message = status.message().decode("utf-8", "replace")
+    if status.code() == StatusCode.kInterrupted:
+        if _signal_raised[0] != NULL:
+            PyErr_Restore(_signal_raised[0], _signal_raised[1],
+                          _signal_raised[2])
+            _signal_raised[0] = _signal_raised[1] = _signal_raised[2] = NULL
+            return -1
+        raise KeyboardInterrupt(message)
+    if status.code() == StatusCode.kCommunicator:
+        raise CommunicatorError(message)
     if status.code() == StatusCode.kInvalidArgument:
         raise ValueError(message)
     if status.code() == StatusCode.kOutOfMemory:

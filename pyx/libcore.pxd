@@ -13,6 +13,8 @@ cdef extern from "nncomm/status.hpp" namespace "nncomm" nogil:
         kMpiError
         kOutOfMemory
         kRuntimeError
+        kCommunicator
+        kInterrupted
 
     cdef cppclass Status:
         Status()

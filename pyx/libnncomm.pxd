@@ -26,6 +26,8 @@ cdef extern from "nncomm/mpi_transport.hpp" namespace "nncomm" nogil:
         int local_rank()
         Status barrier()
         Status agree(uint64_t value, bool* same)
+        Status allgather(const void* send, void* recv, size_t count,
+                         DType dt)
         void abort(int errorcode)
 
 
@@ -92,6 +94,7 @@ cdef extern from "nncomm/engine.hpp" namespace "nncomm" nogil:
     cdef cppclass Engine:
         Engine(unique_ptr[MpiTransport] transport, size_t num_tensors,
                vector[Bucket] plan, int poll_us)
+        Status prepare()
         Status begin(float scale, int divisor)
         void mark_ready(size_t tensor, void* ptr, DType dtype)
         void fail(const string& message)
@@ -100,5 +103,13 @@ cdef extern from "nncomm/engine.hpp" namespace "nncomm" nogil:
 
 
 cdef extern from "nncomm/config.hpp" namespace "nncomm::config" nogil:
+    Status validate()
     int engine_poll_us()
     size_t direct_bytes()
+    size_t chunk_bytes()
+    bool check_calls()
+
+
+cdef extern from "nncomm/wait.hpp" namespace "nncomm" nogil:
+    void set_interrupt_check(int (*check)() noexcept nogil)
+    void abort_if_broken()

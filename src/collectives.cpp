@@ -7,6 +7,7 @@
 #include "nncomm/config.hpp"
 #include "nncomm/host_ops.hpp"
 #include "nncomm/pack.hpp"
+#include "nncomm/wait.hpp"
 
 namespace nncomm {
 
@@ -110,6 +111,15 @@ Status reserve_plan(FusionBuffer &fusion, const FusionPlan &plan,
   return fusion.reserve(plan.bytes, buffer);
 }
 
+// A failure of this rank alone (memory) in a collective the other ranks are
+// making: they cannot be told in-band, so the job is aborted (wait.hpp)
+// rather than leaving them waiting.
+Status fail_alone(Status status) {
+  if (!status.ok())
+    mark_broken(status.message(), true);
+  return status;
+}
+
 // Gives a zeroing array real memory once its reduced result must be stored.
 Status acquire(ArrayRef &a, size_t index, Materializer materialize) {
   if (a.ptr != nullptr)
@@ -170,6 +180,8 @@ Status check_same_call(const MpiTransport &transport, const char *collective,
 Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
                        std::vector<ArrayRef> &arrays, bool division,
                        float scale, bool fuse, Materializer materialize) {
+  OperationLabel label("all_reduce of " + std::to_string(arrays.size()) +
+                       " arrays");
   NNCOMM_RETURN_IF_ERROR(check_same_call(
       transport, "all_reduce",
       CallSignature("all_reduce", 0, division + 2 * fuse).add_arrays(arrays)));
@@ -177,7 +189,7 @@ Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
     return Status::Ok();
   const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/true);
   char *buffer = nullptr;
-  NNCOMM_RETURN_IF_ERROR(reserve_plan(fusion, plan, &buffer));
+  NNCOMM_RETURN_IF_ERROR(fail_alone(reserve_plan(fusion, plan, &buffer)));
   for (const Message &m : plan.messages)
     NNCOMM_RETURN_IF_ERROR(pack(buffer, m, arrays, scale));
 
@@ -210,7 +222,7 @@ Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
     // Arrays written on no rank keep no memory and are left out.
     for (size_t i : m.arrays) {
       if (written[i])
-        NNCOMM_RETURN_IF_ERROR(acquire(arrays[i], i, materialize));
+        NNCOMM_RETURN_IF_ERROR(fail_alone(acquire(arrays[i], i, materialize)));
     }
     NNCOMM_RETURN_IF_ERROR(unpack(buffer, m, arrays, divisor));
   }
@@ -221,7 +233,7 @@ Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
     ArrayRef &a = arrays[i];
     if (a.ptr == nullptr) {
       // Zeros are this rank's share of the sum.
-      NNCOMM_RETURN_IF_ERROR(acquire(a, i, materialize));
+      NNCOMM_RETURN_IF_ERROR(fail_alone(acquire(a, i, materialize)));
       std::memset(a.ptr, 0, a.count * dtype_size(a.dtype));
     }
     NNCOMM_RETURN_IF_ERROR(
@@ -248,12 +260,14 @@ Status reduce_in_place(const MpiTransport &transport, void *ptr, size_t count,
 Status reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
                    const std::vector<ArrayRef> &arrays, int root, bool division,
                    bool fuse) {
+  OperationLabel label("reduce of " + std::to_string(arrays.size()) +
+                       " arrays to group rank " + std::to_string(root));
   NNCOMM_RETURN_IF_ERROR(check_same_call(
       transport, "reduce",
       CallSignature("reduce", root, division + 2 * fuse).add_arrays(arrays)));
   const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/false);
   char *buffer = nullptr;
-  NNCOMM_RETURN_IF_ERROR(reserve_plan(fusion, plan, &buffer));
+  NNCOMM_RETURN_IF_ERROR(fail_alone(reserve_plan(fusion, plan, &buffer)));
   const bool is_root = transport.rank() == root;
   const int divisor = division ? transport.size() : 1;
   for (const Message &m : plan.messages) {
@@ -274,12 +288,14 @@ Status reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
 
 Status bcast_list(const MpiTransport &transport, FusionBuffer &fusion,
                   const std::vector<ArrayRef> &arrays, int root, bool fuse) {
+  OperationLabel label("bcast of " + std::to_string(arrays.size()) +
+                       " arrays from group rank " + std::to_string(root));
   NNCOMM_RETURN_IF_ERROR(
       check_same_call(transport, "bcast",
                       CallSignature("bcast", root, fuse).add_arrays(arrays)));
   const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/false);
   char *buffer = nullptr;
-  NNCOMM_RETURN_IF_ERROR(reserve_plan(fusion, plan, &buffer));
+  NNCOMM_RETURN_IF_ERROR(fail_alone(reserve_plan(fusion, plan, &buffer)));
   const bool is_root = transport.rank() == root;
   for (const Message &m : plan.messages) {
     if (is_root)
@@ -298,6 +314,8 @@ Status bcast_list(const MpiTransport &transport, FusionBuffer &fusion,
 
 Status all_gather(const MpiTransport &transport, FusionBuffer &fusion,
                   const ArrayRef &send, const std::vector<ArrayRef> &recv) {
+  OperationLabel label("all_gather of " + std::to_string(send.count) +
+                       " elements per rank");
   NNCOMM_RETURN_IF_ERROR(
       check_same_call(transport, "all_gather",
                       CallSignature("all_gather", 0, 0).add_arrays({send})));
@@ -306,7 +324,8 @@ Status all_gather(const MpiTransport &transport, FusionBuffer &fusion,
   }
   const size_t block = send.count * dtype_size(send.dtype);
   char *buffer = nullptr;
-  NNCOMM_RETURN_IF_ERROR(fusion.reserve(block * recv.size(), &buffer));
+  NNCOMM_RETURN_IF_ERROR(
+      fail_alone(fusion.reserve(block * recv.size(), &buffer)));
   NNCOMM_RETURN_IF_ERROR(
       transport.allgather(send.ptr, buffer, send.count, send.dtype));
   for (size_t r = 0; r < recv.size(); ++r) {
@@ -318,6 +337,8 @@ Status all_gather(const MpiTransport &transport, FusionBuffer &fusion,
 Status reduce_scatter(const MpiTransport &transport, FusionBuffer &fusion,
                       const std::vector<ArrayRef> &send, const ArrayRef &recv,
                       bool division) {
+  OperationLabel label("reduce_scatter of " + std::to_string(recv.count) +
+                       " elements per rank");
   NNCOMM_RETURN_IF_ERROR(check_same_call(
       transport, "reduce_scatter",
       CallSignature("reduce_scatter", 0, division).add_arrays({recv})));
@@ -325,7 +346,8 @@ Status reduce_scatter(const MpiTransport &transport, FusionBuffer &fusion,
   if (send.size() > 1) {
     const size_t block = recv.count * dtype_size(recv.dtype);
     char *buffer = nullptr;
-    NNCOMM_RETURN_IF_ERROR(fusion.reserve(block * send.size(), &buffer));
+    NNCOMM_RETURN_IF_ERROR(
+        fail_alone(fusion.reserve(block * send.size(), &buffer)));
     for (size_t r = 0; r < send.size(); ++r) {
       std::memcpy(buffer + r * block, send[r].ptr, block);
     }

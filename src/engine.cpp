@@ -12,7 +12,7 @@ namespace nncomm {
 Engine::Engine(std::unique_ptr<MpiTransport> transport, size_t num_tensors,
                std::vector<Bucket> plan, int poll_us)
     : transport_(std::move(transport)),
-      plan_(std::move(plan)), polling_{poll_us, &hurry_},
+      plan_(std::move(plan)), polling_{poll_us, &hurry_, &cancel_},
       buckets_of_(num_tensors), pending_(plan_.size()),
       ptrs_(num_tensors, nullptr), dtypes_(num_tensors, DType::kFloat32),
       tuner_(config::engine_launch()) {
@@ -28,8 +28,20 @@ Engine::~Engine() {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
   }
+  // A reduction still waiting for other ranks gives up, so the join below
+  // (made holding the GIL) is bounded.
+  cancel_ = true;
   changed_.notify_all();
   thread_.join();
+}
+
+Status Engine::prepare() {
+  size_t bytes = 0;
+  for (const Bucket &b : plan_)
+    bytes = std::max(bytes, b.count * dtype_size(b.dtype));
+  char *unused = nullptr;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return staging_.reserve(bytes, &unused);
 }
 
 Status Engine::begin(float scale, int divisor) {
@@ -90,7 +102,19 @@ void Engine::fail(const std::string &message) {
 Status Engine::finish() {
   hurry_ = true;
   std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [this] { return !active_; });
+  // The thread's own waits are bounded; this one also lets Ctrl-C through.
+  while (!changed_.wait_for(lock, std::chrono::milliseconds(100),
+                            [this] { return !active_; })) {
+    lock.unlock();
+    const bool stop = interrupted();
+    lock.lock();
+    if (stop) {
+      mark_broken("a wait was interrupted (all_reduce_callback)", false);
+      cancel_ = true;
+      changed_.wait(lock, [this] { return !active_; });
+      return Status::Interrupted();
+    }
+  }
   if (failed_here_)
     return Status::RuntimeError(failure_);
   if (!error_.ok())
@@ -119,6 +143,8 @@ void Engine::run() {
       lock.unlock();
       bool any_failed = false;
       double seconds = 0;
+      OperationLabel label("all_reduce_callback: the round after the last "
+                           "bucket");
       Status status = close_iteration(failed, &any_failed, &seconds);
       lock.lock();
       if (status.ok() && !any_failed)
@@ -132,10 +158,23 @@ void Engine::run() {
     }
     const size_t b = next_;
     lock.unlock();
-    Status status = reduce_bucket(b, failed);
+    Status status;
+    {
+      OperationLabel label("all_reduce_callback: gradient bucket " +
+                           std::to_string(b + 1) + " of " +
+                           std::to_string(plan_.size()));
+      status = reduce_bucket(b, failed);
+    }
     lock.lock();
     if (status.ok()) {
       ++next_;
+    } else if (!failed && status.code() != StatusCode::kMpiError &&
+               status.code() != StatusCode::kCommunicator) {
+      // A failure of this rank alone: the bucket and the rest go out as
+      // zeros and the flag round tells the other ranks.
+      failed_here_ = true;
+      failure_ = status.message();
+      std::fill(pending_.begin(), pending_.end(), 0);
     } else {
       // After an MPI error the ranks no longer agree on what comes next,
       // so nothing more is sent.

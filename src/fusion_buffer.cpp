@@ -1,5 +1,7 @@
 #include "nncomm/fusion_buffer.hpp"
 
+#include "nncomm/config.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -10,6 +12,12 @@ FusionBuffer::~FusionBuffer() { std::free(data_); }
 
 Status FusionBuffer::reserve(size_t bytes, char **data) {
   if (bytes > capacity_) {
+    const size_t refused = config::test_fail_allocation_bytes();
+    if (refused > 0 && bytes >= refused) {
+      return Status::OutOfMemory(
+          "nncomm could not allocate " + std::to_string(bytes) +
+          " bytes (refused by NNCOMM_TEST_FAIL_ALLOCATION)");
+    }
     // Growing by at least half again keeps a slowly rising message size
     // from reallocating on every call.
     size_t grown = std::max(bytes, capacity_ + capacity_ / 2);

@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdio>
+#include <sstream>
 #include <string>
 #include <thread>
 
 #include "nncomm/bfloat16.hpp"
 #include "nncomm/config.hpp"
 #include "nncomm/host_memory.hpp"
+#include "nncomm/wait.hpp"
 
 namespace nncomm {
 
@@ -98,13 +101,133 @@ Status for_each_chunk(void *buf, size_t count, DType dt,
   return Status::Ok();
 }
 
+thread_local std::string operation_label;
+
+std::string rank_list(const std::vector<int> &ranks) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < ranks.size(); ++i)
+    out << (i ? ", " : "") << ranks[i];
+  out << "]";
+  return out.str();
+}
+
 } // namespace
 
+OperationLabel::OperationLabel(std::string label)
+    : previous_(std::move(operation_label)) {
+  operation_label = std::move(label);
+}
+
+OperationLabel::~OperationLabel() { operation_label = std::move(previous_); }
+
+const std::string &OperationLabel::current() { return operation_label; }
+
+Status MpiTransport::begin() const {
+  std::string reason;
+  if (broken(&reason)) {
+    return Status::Communicator(
+        "nncomm can no longer communicate: " + reason +
+        "; the job is being aborted");
+  }
+  ++seq_;
+  return Status::Ok();
+}
+
+Status MpiTransport::wait(MPI_Request *request, const Polling *polling) const {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  const double timeout = config::timeout_seconds();
+  const double stall = config::stall_warning_seconds();
+  const auto after = [&](double seconds) {
+    return start + std::chrono::duration_cast<clock::duration>(
+                       std::chrono::duration<double>(seconds));
+  };
+  auto next_look = after(StallInspector::kArrivalReportSeconds);
+  // Late enough for the other waiting ranks' first reports to be in.
+  auto next_warning =
+      after(std::max(stall, 2 * StallInspector::kArrivalReportSeconds));
+  auto next_signals = after(0.1);
+  for (;;) {
+    int done = 0;
+    NNCOMM_MPI_CALL(MPI_Test, request, &done, MPI_STATUS_IGNORE);
+    if (done)
+      return Status::Ok();
+    if (polling != nullptr && polling->cancel != nullptr &&
+        polling->cancel->load()) {
+      mark_broken("a wait for other ranks was cancelled", false);
+      return Status::Communicator("the wait for other ranks was cancelled");
+    }
+    const auto now = clock::now();
+    if (polling == nullptr && now >= next_signals) {
+      next_signals = now + std::chrono::milliseconds(100);
+      if (interrupted()) {
+        mark_broken("a wait was interrupted (" + OperationLabel::current() +
+                        ")",
+                    false);
+        return Status::Interrupted();
+      }
+    }
+    if (now >= next_look) {
+      next_look = now + std::chrono::milliseconds(200);
+      if (inspector_)
+        inspector_->arrived(seq_);
+      const double waited = std::chrono::duration<double>(now - start).count();
+      const bool timed_out = timeout > 0 && waited >= timeout;
+      const bool warn = stall > 0 && now >= next_warning && rank_ == 0;
+      if (timed_out || warn) {
+        const std::vector<int> missing =
+            inspector_ ? inspector_->missing(seq_) : std::vector<int>();
+        std::ostringstream what;
+        what << OperationLabel::current() << " (operation " << seq_;
+        if (inspector_)
+          what << " on the group of world ranks "
+               << rank_list(inspector_->world_ranks());
+        what << ")";
+        if (timed_out) {
+          std::ostringstream message;
+          message << what.str() << " did not complete in " << timeout
+                  << " s (NNCOMM_TIMEOUT): ";
+          if (inspector_)
+            message << "world ranks " << rank_list(missing)
+                    << " never arrived (stopped, dead or in another call?)";
+          else
+            message << "not every rank arrived";
+          mark_broken(message.str(), true);
+          return Status::Communicator(message.str());
+        }
+        next_warning = now + std::chrono::duration_cast<clock::duration>(
+                                 std::chrono::duration<double>(stall));
+        std::fprintf(stderr,
+                     "nncomm: stalled for %.0f s in %s: waiting for world "
+                     "ranks %s\n",
+                     waited, what.str().c_str(), rank_list(missing).c_str());
+        std::fflush(stderr);
+      }
+    }
+    if (polling == nullptr ||
+        (polling->hurry != nullptr && polling->hurry->load())) {
+      // Only a process waiting for its core (more ranks than cores) gets
+      // it; otherwise the test comes again at once.
+      std::this_thread::yield();
+    } else if (polling->interval_us > 0) {
+      std::this_thread::sleep_for(
+          std::chrono::microseconds(polling->interval_us));
+    }
+  }
+}
+
 Status MpiTransport::Create(MPI_Comm comm, std::unique_ptr<MpiTransport> *out) {
+  std::string reason;
+  if (broken(&reason))
+    return Status::Communicator("nncomm can no longer communicate: " + reason);
+  // Nonblocking, so that a rank that never comes cannot hold this one
+  // forever; the waiting policy is the parent's, so waited for here.
   MPI_Comm dup = MPI_COMM_NULL;
-  NNCOMM_MPI_CALL(MPI_Comm_dup, comm, &dup);
+  MPI_Request request = MPI_REQUEST_NULL;
+  NNCOMM_MPI_CALL(MPI_Comm_idup, comm, &dup, &request);
   std::unique_ptr<MpiTransport> transport(new MpiTransport(dup));
-  NNCOMM_RETURN_IF_ERROR(transport->Init());
+  NNCOMM_RETURN_IF_ERROR(transport->Init(&request));
   *out = std::move(transport);
   return Status::Ok();
 }
@@ -121,24 +244,56 @@ Status MpiTransport::CreateGroup(const MpiTransport &parent,
   MPI_Group_free(&parent_group);
   if (err != MPI_SUCCESS)
     return Status::Mpi(err, "MPI_Group_incl");
+  // Blocking: MPI has no nonblocking form. The caller has met every rank of
+  // the parent first (a bounded barrier), so every member is here.
   err = MPI_Comm_create_group(parent.comm_, group, 0, &comm);
   MPI_Group_free(&group);
   if (err != MPI_SUCCESS)
     return Status::Mpi(err, "MPI_Comm_create_group");
   std::unique_ptr<MpiTransport> transport(new MpiTransport(comm));
-  NNCOMM_RETURN_IF_ERROR(transport->Init());
+  NNCOMM_RETURN_IF_ERROR(transport->Init(nullptr));
   *out = std::move(transport);
   return Status::Ok();
 }
 
-Status MpiTransport::Init() {
+Status MpiTransport::Init(MPI_Request *created) {
+  if (created != nullptr) {
+    // A communicator being created has no ranks to report stalls to yet.
+    OperationLabel label("creating a communicator");
+    Status status = begin();
+    if (status.ok())
+      status = wait(created, nullptr);
+    if (!status.ok()) {
+      // Never completed: freeing it would be erroneous.
+      comm_ = MPI_COMM_NULL;
+      return status;
+    }
+  }
   NNCOMM_MPI_CALL(MPI_Comm_set_errhandler, comm_, MPI_ERRORS_RETURN);
   NNCOMM_MPI_CALL(MPI_Comm_rank, comm_, &rank_);
   NNCOMM_MPI_CALL(MPI_Comm_size, comm_, &size_);
+  std::vector<int> ranks(size_);
+  std::vector<int> world_ranks(size_);
+  for (int r = 0; r < size_; ++r)
+    ranks[r] = r;
+  MPI_Group own = MPI_GROUP_NULL;
+  MPI_Group world = MPI_GROUP_NULL;
+  NNCOMM_MPI_CALL(MPI_Comm_group, comm_, &own);
+  int err = MPI_Comm_group(MPI_COMM_WORLD, &world);
+  if (err == MPI_SUCCESS) {
+    err = MPI_Group_translate_ranks(own, size_, ranks.data(), world,
+                                    world_ranks.data());
+  }
+  MPI_Group_free(&own);
+  if (world != MPI_GROUP_NULL)
+    MPI_Group_free(&world);
+  if (err != MPI_SUCCESS)
+    return Status::Mpi(err, "MPI_Group_translate_ranks");
+  inspector_.reset(new StallInspector(comm_, rank_, std::move(world_ranks)));
   MPI_Comm node = MPI_COMM_NULL;
   NNCOMM_MPI_CALL(MPI_Comm_split_type, comm_, MPI_COMM_TYPE_SHARED, rank_,
                   MPI_INFO_NULL, &node);
-  int err = MPI_Comm_rank(node, &local_rank_);
+  err = MPI_Comm_rank(node, &local_rank_);
   MPI_Comm_free(&node);
   if (err != MPI_SUCCESS)
     return Status::Mpi(err, "MPI_Comm_rank");
@@ -146,6 +301,7 @@ Status MpiTransport::Init() {
 }
 
 MpiTransport::~MpiTransport() {
+  inspector_.reset();
   int finalized = 1;
   MPI_Finalized(&finalized);
   if (!finalized && comm_ != MPI_COMM_NULL)
@@ -157,34 +313,14 @@ Status MpiTransport::allreduce(void *buf, size_t count, DType dt,
                                const PieceFn &after) const {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
-  const auto sum_piece = [&](char *piece, int n) {
-    if (polling == nullptr) {
-      NNCOMM_MPI_CALL(MPI_Allreduce, MPI_IN_PLACE, piece, n, mpi_type(dt), op,
-                      comm_);
-      return Status::Ok();
-    }
-    MPI_Request request = MPI_REQUEST_NULL;
-    NNCOMM_MPI_CALL(MPI_Iallreduce, MPI_IN_PLACE, piece, n, mpi_type(dt), op,
-                    comm_, &request);
-    for (int done = 0;;) {
-      NNCOMM_MPI_CALL(MPI_Test, &request, &done, MPI_STATUS_IGNORE);
-      if (done)
-        return Status::Ok();
-      const bool hurry = polling->hurry != nullptr && polling->hurry->load();
-      if (hurry) {
-        // Only a process waiting for its core (more ranks than cores)
-        // gets it; otherwise the test comes again at once.
-        std::this_thread::yield();
-      } else if (polling->interval_us > 0) {
-        std::this_thread::sleep_for(
-            std::chrono::microseconds(polling->interval_us));
-      }
-    }
-  };
+  NNCOMM_RETURN_IF_ERROR(begin());
   return for_each_chunk(buf, count, dt, [&](char *piece, int n) {
     if (before)
       before(piece, static_cast<size_t>(n));
-    NNCOMM_RETURN_IF_ERROR(sum_piece(piece, n));
+    MPI_Request request = MPI_REQUEST_NULL;
+    NNCOMM_MPI_CALL(MPI_Iallreduce, MPI_IN_PLACE, piece, n, mpi_type(dt), op,
+                    comm_, &request);
+    NNCOMM_RETURN_IF_ERROR(wait(&request, polling));
     if (after)
       after(piece, static_cast<size_t>(n));
     return Status::Ok();
@@ -194,49 +330,64 @@ Status MpiTransport::allreduce(void *buf, size_t count, DType dt,
 Status MpiTransport::reduce(void *buf, size_t count, DType dt, int root) const {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
+  NNCOMM_RETURN_IF_ERROR(begin());
   const bool is_root = rank_ == root;
   return for_each_chunk(buf, count, dt, [&](char *piece, int n) {
     // Only the root receives; the others' buffers stay as they are.
-    NNCOMM_MPI_CALL(MPI_Reduce, is_root ? MPI_IN_PLACE : piece,
+    MPI_Request request = MPI_REQUEST_NULL;
+    NNCOMM_MPI_CALL(MPI_Ireduce, is_root ? MPI_IN_PLACE : piece,
                     is_root ? piece : nullptr, n, mpi_type(dt), op, root,
-                    comm_);
-    return Status::Ok();
+                    comm_, &request);
+    return wait(&request, nullptr);
   });
 }
 
 Status MpiTransport::bcast(void *buf, size_t count, DType dt, int root) const {
-  NNCOMM_MPI_CALL(MPI_Bcast_c, buf, static_cast<MPI_Count>(count), mpi_type(dt),
-                  root, comm_);
-  return Status::Ok();
+  NNCOMM_RETURN_IF_ERROR(begin());
+  MPI_Request request = MPI_REQUEST_NULL;
+  NNCOMM_MPI_CALL(MPI_Ibcast_c, buf, static_cast<MPI_Count>(count),
+                  mpi_type(dt), root, comm_, &request);
+  return wait(&request, nullptr);
 }
 
 Status MpiTransport::allgather(const void *send, void *recv, size_t count,
                                DType dt) const {
-  NNCOMM_MPI_CALL(MPI_Allgather_c, send, static_cast<MPI_Count>(count),
+  NNCOMM_RETURN_IF_ERROR(begin());
+  MPI_Request request = MPI_REQUEST_NULL;
+  NNCOMM_MPI_CALL(MPI_Iallgather_c, send, static_cast<MPI_Count>(count),
                   mpi_type(dt), recv, static_cast<MPI_Count>(count),
-                  mpi_type(dt), comm_);
-  return Status::Ok();
+                  mpi_type(dt), comm_, &request);
+  return wait(&request, nullptr);
 }
 
 Status MpiTransport::reduce_scatter(const void *send, void *recv, size_t count,
                                     DType dt) const {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
-  NNCOMM_MPI_CALL(MPI_Reduce_scatter_block_c, send, recv,
-                  static_cast<MPI_Count>(count), mpi_type(dt), op, comm_);
-  return Status::Ok();
+  NNCOMM_RETURN_IF_ERROR(begin());
+  MPI_Request request = MPI_REQUEST_NULL;
+  NNCOMM_MPI_CALL(MPI_Ireduce_scatter_block_c, send, recv,
+                  static_cast<MPI_Count>(count), mpi_type(dt), op, comm_,
+                  &request);
+  return wait(&request, nullptr);
 }
 
 Status MpiTransport::barrier() const {
-  NNCOMM_MPI_CALL(MPI_Barrier, comm_);
-  return Status::Ok();
+  OperationLabel label("barrier");
+  NNCOMM_RETURN_IF_ERROR(begin());
+  MPI_Request request = MPI_REQUEST_NULL;
+  NNCOMM_MPI_CALL(MPI_Ibarrier, comm_, &request);
+  return wait(&request, nullptr);
 }
 
 Status MpiTransport::agree(uint64_t value, bool *same) const {
   // max(v) == v and max(~v) == ~v hold on every rank only if all v agree.
   uint64_t both[2] = {value, ~value};
-  NNCOMM_MPI_CALL(MPI_Allreduce, MPI_IN_PLACE, both, 2, MPI_UINT64_T, MPI_MAX,
-                  comm_);
+  NNCOMM_RETURN_IF_ERROR(begin());
+  MPI_Request request = MPI_REQUEST_NULL;
+  NNCOMM_MPI_CALL(MPI_Iallreduce, MPI_IN_PLACE, both, 2, MPI_UINT64_T, MPI_MAX,
+                  comm_, &request);
+  NNCOMM_RETURN_IF_ERROR(wait(&request, nullptr));
   *same = both[0] == value && both[1] == ~value;
   return Status::Ok();
 }

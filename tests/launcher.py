@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -22,18 +23,19 @@ MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 RANK_COUNTS = (1, 2, 3, 4)
 
 
-def run_worker(worker, n, args=(), env=None, timeout=180):
-    """Runs tests/mpi/<worker>.py on `n` ranks; fails the test unless the job
-    exits 0 and the worker's rank 0 reports its checks as passed.
+def run_job(worker, n, args=(), env=None, timeout=180, mpiexec_args=()):
+    """Runs tests/mpi/<worker>.py on `n` ranks, whatever its outcome.
 
-    Returns the job's stdout.
+    Returns (exit code, stdout, stderr, seconds); a job still running after
+    `timeout` seconds is killed with every process it started, and fails
+    the test.
     """
     if not os.path.exists(MPIEXEC):
         pytest.fail(f"no mpiexec beside {sys.executable}; install the "
                     f"'mpich' wheel into this environment")
     script = os.path.join(WORKERS, f"{worker}.py")
-    cmd = [MPIEXEC, "-n", str(n), sys.executable, "-m", "mpi4py", script,
-           *map(str, args)]
+    cmd = [MPIEXEC, *mpiexec_args, "-n", str(n), sys.executable, "-m",
+           "mpi4py", script, *map(str, args)]
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join(
         [WORKERS] + [p for p in [os.environ.get("PYTHONPATH")] if p])
@@ -43,6 +45,7 @@ def run_worker(worker, n, args=(), env=None, timeout=180):
     full_env.update(env or {})
     # A session of its own, so that a hung job can be killed with every
     # rank it started.
+    start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=full_env,
                             start_new_session=True)
@@ -53,8 +56,18 @@ def run_worker(worker, n, args=(), env=None, timeout=180):
         out, err = proc.communicate()
         pytest.fail(f"{' '.join(cmd)} hung for {timeout} s and was killed\n"
                     f"--- stdout ---\n{out}\n--- stderr ---\n{err}")
-    if proc.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} exited with {proc.returncode}\n"
+    return proc.returncode, out, err, time.monotonic() - start
+
+
+def run_worker(worker, n, args=(), env=None, timeout=180):
+    """Runs tests/mpi/<worker>.py on `n` ranks; fails the test unless the job
+    exits 0 and the worker's rank 0 reports its checks as passed.
+
+    Returns the job's stdout.
+    """
+    code, out, err, _ = run_job(worker, n, args, env, timeout)
+    if code != 0:
+        pytest.fail(f"{worker} on {n} ranks exited with {code}\n"
                     f"--- stdout ---\n{out}\n--- stderr ---\n{err}")
     # Guards against a worker that exits 0 without running its checks.
     report = re.search(rf"^{re.escape(worker)}: (\d+) checks passed on "

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from launcher import RANK_COUNTS, run_worker
+from launcher import RANK_COUNTS, run_job, run_worker
 
 WORKERS = ["basics", "all_reduce", "rooted", "gather_scatter", "zeroing",
            "parameters", "errors"]
@@ -153,3 +153,21 @@ def test_callback_follows_runtime_dtypes_and_sizes(n):
 @pytest.mark.parametrize("n", (2, 3))
 def test_callback_one_rank_fails(n):
     run_worker("callback_one_rank_fails", n, timeout=120)
+
+
+# -- a failure of one rank alone ---------------------------------------------
+
+@pytest.mark.parametrize("n", (2, 3))
+def test_callback_staging_failing_on_one_rank_raises_everywhere(n):
+    run_worker("local_failures", n, ["callback"], timeout=120)
+
+
+def test_list_collective_failing_on_one_rank_aborts_the_job():
+    code, out, err, seconds = run_job("local_failures", 3, ["all_reduce"],
+                                      timeout=120)
+    assert code != 0, out
+    assert "MemoryError" in err and "NNCOMM_TEST_FAIL_ALLOCATION" in err, err
+    assert "world rank 2 is aborting the job" in err, err
+    # The others would wait for NNCOMM_TIMEOUT (30 min) without the abort,
+    # which comes 5 s after the failure.
+    assert seconds < 5 + 30, seconds

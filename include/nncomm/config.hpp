@@ -1,14 +1,19 @@
 // Tunables of the core, with their defaults. Each can be overridden by the
-// environment variable of the same name, read once per process.
+// environment variable of the same name, read once per process; a value
+// that does not parse makes validate() fail instead of falling back.
 #pragma once
 
 #include <cstddef>
 #include <optional>
 
 #include "nncomm/launch_tuner.hpp"
+#include "nncomm/status.hpp"
 
 namespace nncomm {
 namespace config {
+
+// Fails naming every NNCOMM_* variable whose value does not parse.
+Status validate();
 
 // Largest piece one MPI reduction is given. MPICH allocates a temporary of
 // the message size for every reduction; above glibc's 32 MiB mmap threshold
@@ -40,6 +45,21 @@ std::optional<Launch> engine_launch();
 // How often, in microseconds, the callback engine's thread tests a
 // reduction in flight (0: it spins). NNCOMM_ENGINE_POLL_US.
 int engine_poll_us();
+
+// Seconds any wait for other ranks may last before every waiting rank
+// raises CommunicatorError and the job is aborted; 0: never.
+// NNCOMM_TIMEOUT, default 1800.
+double timeout_seconds();
+
+// Seconds after which a wait is reported as stalled (group rank 0 logs
+// which ranks have not arrived, again every as many seconds); 0: never.
+// NNCOMM_STALL_WARNING, default 60.
+double stall_warning_seconds();
+
+// For tests of local failures: staging and fusion buffers of this many
+// bytes or more fail to allocate; 0 (the default): never.
+// NNCOMM_TEST_FAIL_ALLOCATION.
+size_t test_fail_allocation_bytes();
 
 } // namespace config
 } // namespace nncomm

@@ -38,6 +38,7 @@
 #include "nncomm/mpi_transport.hpp"
 #include "nncomm/pack.hpp"
 #include "nncomm/status.hpp"
+#include "nncomm/wait.hpp"
 
 namespace nncomm {
 
@@ -53,6 +54,10 @@ public:
   Engine(const Engine &) = delete;
   Engine &operator=(const Engine &) = delete;
 
+  // Allocates the staging buffer for the largest bucket, once, so that no
+  // iteration allocates: a rank whose allocation failed half-way could only
+  // send zeros. Call before the first begin().
+  Status prepare();
   // Starts an iteration: every tensor of the plan is pending again. Fails
   // while the previous iteration is under way (finish() ends it).
   Status begin(float scale, int divisor);
@@ -63,7 +68,9 @@ public:
   // round tells the other ranks, and finish() returns `message`.
   void fail(const std::string &message);
   // Waits until every bucket of the iteration is reduced. Fails with this
-  // rank's own error, an MPI error, or the news that another rank failed.
+  // rank's own error, an MPI error, a timeout, the news that another rank
+  // failed, or Interrupted when Ctrl-C stopped the wait (the engine then
+  // gives up its reductions: nothing can be sent any more).
   Status finish();
   // The schedule of the next iteration; `*decided`: whether the tuner has
   // settled on it (launch_tuner.hpp).
@@ -82,6 +89,7 @@ private:
   const std::unique_ptr<MpiTransport> transport_;
   const std::vector<Bucket> plan_;
   std::atomic<bool> hurry_{false}; // finish() is waiting: poll without pause
+  std::atomic<bool> cancel_{false}; // stop waiting on MPI: being destroyed
   const Polling polling_;
   std::vector<std::vector<size_t>> buckets_of_; // tensor -> its buckets
   // Used by the thread only, reused for every bucket.

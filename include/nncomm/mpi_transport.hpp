@@ -3,19 +3,24 @@
 // The transport owns a duplicate of the communicator it is built from, so
 // nncomm's messages never match a user's own MPI traffic, and sets
 // MPI_ERRORS_RETURN on it so failures come back as a Status instead of
-// aborting the job. Buffers are raw host memory; every call is blocking and
-// is made without the GIL by the binding.
+// aborting the job. Buffers are raw host memory. Every call returns when its
+// operation is complete and is made without the GIL by the binding, but
+// waits on a nonblocking MPI operation, so that the wait is bounded
+// (config::timeout_seconds()), reports stalls (stall_inspector.hpp) and
+// lets Ctrl-C through (wait.hpp). One thread at a time per transport.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <mpi.h>
 
 #include "nncomm/dtype.hpp"
+#include "nncomm/stall_inspector.hpp"
 #include "nncomm/status.hpp"
 
 namespace nncomm {
@@ -25,10 +30,26 @@ namespace nncomm {
 // its core goes to computation (MPICH's blocking calls would spin on it),
 // until `*hurry` is set: then the computation is itself waiting for the
 // reduction, and the thread tests again as soon as the scheduler lets it
-// (yielding, so that ranks sharing cores still get theirs).
+// (yielding, so that ranks sharing cores still get theirs). Once `*cancel`
+// is set the wait gives up (the thread is being stopped). Such a thread
+// never runs Python's signal handlers. Without a Polling, the caller's
+// thread tests, yielding in between, and runs them.
 struct Polling {
   int interval_us = 0;
   const std::atomic<bool> *hurry = nullptr;
+  const std::atomic<bool> *cancel = nullptr;
+};
+
+// Names the operation under way on this thread in stall reports and
+// timeout messages (e.g. "all_reduce of 12 arrays"), for its scope.
+class OperationLabel {
+public:
+  explicit OperationLabel(std::string label);
+  ~OperationLabel();
+  static const std::string &current();
+
+private:
+  std::string previous_;
 };
 
 class MpiTransport {
@@ -84,12 +105,20 @@ public:
 
 private:
   explicit MpiTransport(MPI_Comm comm) : comm_(comm) {}
-  Status Init();
+  // `created`: the request completing the communicator, or null.
+  Status Init(MPI_Request *created);
+  // Waits for `*request`, the next step of the operation `begin()` opened.
+  Status wait(MPI_Request *request, const Polling *polling) const;
+  // Opens the next operation: fails at once after an earlier failed wait.
+  Status begin() const;
 
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 0;
   int local_rank_ = 0;
+  // Counts operations; the same on every rank while their calls match.
+  mutable uint64_t seq_ = 0;
+  mutable std::unique_ptr<StallInspector> inspector_;
 };
 
 } // namespace nncomm

@@ -15,6 +15,12 @@ enum class StatusCode : int {
   kMpiError = 2,        // raised as RuntimeError carrying MPI's error string
   kOutOfMemory = 3,     // raised as MemoryError
   kRuntimeError = 4,    // raised as RuntimeError
+  // The ranks can no longer communicate: a wait timed out, or an earlier
+  // one was interrupted or timed out. Raised as nncomm.CommunicatorError.
+  kCommunicator = 5,
+  // A wait was interrupted by a signal whose Python handler raised (Ctrl-C:
+  // KeyboardInterrupt); the binding re-raises that exception.
+  kInterrupted = 6,
 };
 
 class Status {
@@ -29,6 +35,12 @@ public:
   }
   static Status OutOfMemory(std::string msg) {
     return Status(StatusCode::kOutOfMemory, std::move(msg));
+  }
+  static Status Communicator(std::string msg) {
+    return Status(StatusCode::kCommunicator, std::move(msg));
+  }
+  static Status Interrupted() {
+    return Status(StatusCode::kInterrupted, "interrupted");
   }
   // `call` names the MPI function; the message gets MPI's own error string.
   static Status Mpi(int mpi_error, const char *call);

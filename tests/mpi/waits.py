@@ -1,0 +1,154 @@
+"""Waits for other ranks are bounded, report stalls and let Ctrl-C through.
+
+Run by tests/test_waits.py as ``waits.py MODE OP TOKEN``: the LAST rank
+misbehaves at operation OP (all_reduce, callback, barrier, init, bcast,
+all_gather) as MODE says, the other ranks do OP normally:
+
+- stall: the last rank comes 3.5 s late (run with NNCOMM_STALL_WARNING=1);
+  the results are still checked, and the test reads rank 0's stall
+  reports on stderr.
+- timeout: the last rank sleeps instead (run with a small NNCOMM_TIMEOUT);
+  each other rank prints the CommunicatorError it gets and re-raises it.
+- interrupt: the last rank sleeps; rank 0 sends itself SIGINT one second
+  into its wait and prints how long KeyboardInterrupt took to come, then
+  what a later collective raises.
+- kill: the last rank SIGKILLs itself during a callback backward (OP is
+  'callback').
+
+TOKEN only marks the processes, so that the test can check none is left.
+"""
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import nncomm
+
+from _harness import (Checker, exception_chain, make_comm, nd,
+                      three_layer_mlp)
+
+MODE, OP = sys.argv[1], sys.argv[2]
+
+
+def say(text):
+    # One write per line: the ranks' outputs are merged. Then a pause
+    # before the exception goes on to the mpi4py runner, whose MPI_Abort
+    # would stop the other ranks before they could report theirs.
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+    time.sleep(1)
+
+
+def misbehave():
+    """What the last rank does instead of operation OP."""
+    if MODE == "stall":
+        time.sleep(3.5)
+    elif MODE in ("timeout", "interrupt"):
+        time.sleep(60)  # the job is aborted long before
+    elif MODE == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def sigint_soon(delay=1.0):
+    """SIGINT to this process's main thread in `delay` s; returns the time
+    it was sent (a list, filled then)."""
+    sent = []
+    main = threading.main_thread().ident
+
+    def send():
+        time.sleep(delay)
+        sent.append(time.monotonic())
+        signal.pthread_kill(main, signal.SIGINT)
+    threading.Thread(target=send, daemon=True).start()
+    return sent
+
+
+def run_op(comm, late):
+    """Operation OP on every rank; the last rank misbehaves first
+    (`late`). Returns what to check, or None."""
+    n, r = comm.size, comm.rank
+    if OP == "all_reduce":
+        if late:
+            misbehave()
+        x = nd(np.full(5, r + 1.0, np.float32))
+        comm.all_reduce(x)
+        return x, np.full(5, n * (n + 1) / 2, np.float32)
+    if OP == "bcast":
+        if late:
+            misbehave()
+        x = nd(np.full(3, r, np.float32))
+        comm.bcast(x, src=0)
+        return x, np.zeros(3, np.float32)
+    if OP == "all_gather":
+        if late:
+            misbehave()
+        out = nd(np.zeros(2 * n, np.float32))
+        comm.all_gather(nd(np.full(2, r, np.float32)), out)
+        return out, np.repeat(np.arange(n, dtype=np.float32), 2)
+    if OP == "barrier":
+        if late:
+            misbehave()
+        comm.barrier()
+        return None
+    if OP == "callback":
+        x, t, loss, _, params = three_layer_mlp(41)
+        x.d = np.full(x.shape, r + 1.0, np.float32)
+        t.d = 0
+        calls = [0]
+
+        def hook(f):
+            calls[0] += 1
+            if late and calls[0] == 3:
+                misbehave()
+        cb = comm.all_reduce_callback([p.grad for p in params], 4)
+        loss.forward()
+        loss.backward(function_post_hook=nncomm.chain_hooks(hook, cb))
+        # Reduced: the same on every rank, though the inputs differ.
+        mine = np.concatenate([p.g.ravel() for p in params])
+        return nd(mine), MPI.COMM_WORLD.bcast(mine, root=0)
+    raise ValueError(OP)
+
+
+def main():
+    n = MPI.COMM_WORLD.size
+    late = MPI.COMM_WORLD.rank == n - 1
+    # The punctual ranks start their waits together, so that they time out
+    # together (ranks start up at different speeds).
+    MPI.COMM_WORLD.Split(int(late)).Barrier()
+    if OP == "init":
+        if late:
+            misbehave()
+        try:
+            make_comm()
+        except nncomm.CommunicatorError as e:
+            say(f"rank {MPI.COMM_WORLD.rank}: CommunicatorError: {e}")
+            raise
+        return
+    ck = Checker("waits")
+    comm, _ = make_comm()
+    sent = sigint_soon() if MODE == "interrupt" and comm.rank == 0 else None
+    try:
+        result = run_op(comm, late)
+    except BaseException as e:
+        # Raised in a hook, nnabla hands it on inside SystemErrors.
+        chain = exception_chain(e)
+        if sent and "KeyboardInterrupt" in chain:
+            say(f"rank {comm.rank}: KeyboardInterrupt "
+                  f"{time.monotonic() - sent[0]:.2f} s after SIGINT")
+            try:
+                comm.all_reduce(nd(np.ones(2, np.float32)))
+            except nncomm.CommunicatorError as later:
+                say(f"rank {comm.rank}: then CommunicatorError: {later}")
+        else:
+            say(f"rank {comm.rank}: {chain}")
+        raise
+    if result is not None:
+        ck.array(*result, f"{OP} after a late rank")
+    ck.finish()
+
+
+main()

@@ -1,0 +1,105 @@
+"""No wait for other ranks is unbounded, and a stalled one says who is
+missing: a late rank (stall reports), a rank that never comes
+(NNCOMM_TIMEOUT: every other rank raises CommunicatorError naming it, then
+the job is aborted), Ctrl-C (KeyboardInterrupt within a second), a rank
+killed during a callback backward (with mpiexec's clean-up and without:
+the others exit non-zero within NNCOMM_TIMEOUT + 5 s). After each job, no
+process of it is left running. The worker is tests/mpi/waits.py.
+"""
+import re
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from launcher import run_job
+
+MISSING = re.compile(r"world ranks \[(\d+(?:, \d+)*)\] never arrived")
+
+
+def left_running(token, grace=5.0):
+    """The processes of the job marked `token` still alive `grace` s after
+    mpiexec returned (a killed rank may take a moment to go)."""
+    deadline = time.monotonic() + grace
+    while True:
+        found = subprocess.run(["pgrep", "-f", token], capture_output=True,
+                               text=True).stdout.split()
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "callback"])
+def test_a_stall_is_reported_with_the_missing_rank(op):
+    code, out, err, _ = run_job("waits", 3, ["stall", op, "stall"],
+                                env={"NNCOMM_STALL_WARNING": "1"}, timeout=90)
+    assert code == 0, out + err
+    # The results, once the late rank came, are checked too.
+    assert re.search(r"^waits: [1-9]\d* checks passed on 3 ranks", out,
+                     re.MULTILINE), out
+    stalls = [line for line in err.splitlines()
+              if line.startswith("nncomm: stalled")]
+    # Rank 0 reports the operation and the rank still missing, again while
+    # it lasts (3.5 s late, reports from 2 s on, every second).
+    assert len(stalls) >= 2, err
+    label = "all_reduce of 1 arrays" if op == "all_reduce" else \
+        "all_reduce_callback: gradient bucket 1 of"
+    for line in stalls:
+        assert label in line, line
+        assert line.endswith("waiting for world ranks [2]"), line
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "callback", "barrier", "init",
+                                "all_gather"])
+def test_a_rank_that_never_comes_times_out_everywhere(op):
+    token = f"timeout-{uuid.uuid4().hex}"
+    code, out, err, seconds = run_job(
+        "waits", 3, ["timeout", op, token], env={"NNCOMM_TIMEOUT": "3"},
+        timeout=60)
+    assert code != 0, out
+    # 3 s, then the exception and the abort it starts, with room for the
+    # start-up of three ranks on two cores.
+    assert seconds < 3 + 5 + 15, seconds
+    for rank in (0, 1):
+        line = re.search(rf"^rank {rank}: .*$", out, re.MULTILINE)
+        assert line is not None, out + err
+        assert "CommunicatorError" in line.group(0), line.group(0)
+        assert "NNCOMM_TIMEOUT" in line.group(0), line.group(0)
+        if op != "init":  # the communicator being made has no ranks yet
+            assert MISSING.search(line.group(0)).group(1) == "2", line
+    assert not left_running(token)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "callback"])
+def test_ctrl_c_interrupts_a_wait_within_a_second(op):
+    token = f"interrupt-{uuid.uuid4().hex}"
+    code, out, err, _ = run_job("waits", 2, ["interrupt", op, token],
+                                timeout=60)
+    assert code != 0, out
+    took = re.search(r"rank 0: KeyboardInterrupt ([\d.]+) s after SIGINT",
+                     out)
+    assert took is not None, out + err
+    assert float(took.group(1)) < 1.0, took.group(0)
+    # The interrupted operation never completes: later ones refuse at once
+    # instead of matching the wrong calls, and the job is aborted at exit.
+    assert "rank 0: then CommunicatorError: nncomm can no longer " \
+           "communicate" in out, out
+    assert "is aborting the job" in err, err
+    assert not left_running(token)
+
+
+@pytest.mark.parametrize("cleanup", [True, False])
+def test_a_rank_killed_during_backward_ends_the_job(cleanup):
+    token = f"kill-{uuid.uuid4().hex}"
+    code, out, err, seconds = run_job(
+        "waits", 3, ["kill", "callback", token], env={"NNCOMM_TIMEOUT": "10"},
+        timeout=90,
+        mpiexec_args=() if cleanup else ("-disable-auto-cleanup",))
+    assert code != 0, out
+    assert seconds < 10 + 5 + 15, seconds
+    if not cleanup and seconds > 5:
+        # mpiexec left the survivors running (it sometimes ends them all
+        # anyway): they timed out, named the dead rank and aborted.
+        assert MISSING.search(out).group(1) == "2", out + err
+    assert not left_running(token)
