@@ -155,6 +155,11 @@ def test_callback_one_rank_fails(n):
     run_worker("callback_one_rank_fails", n, timeout=120)
 
 
+@pytest.mark.parametrize("n", (2, 3))
+def test_two_threads_on_one_group_take_turns(n):
+    run_worker("threads", n, timeout=60)
+
+
 # -- a failure of one rank alone ---------------------------------------------
 
 @pytest.mark.parametrize("n", (2, 3))
