@@ -180,8 +180,7 @@ Status check_same_call(const MpiTransport &transport, const char *collective,
 Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
                        std::vector<ArrayRef> &arrays, bool division,
                        float scale, bool fuse, Materializer materialize) {
-  OperationLabel label("all_reduce of " + std::to_string(arrays.size()) +
-                       " arrays");
+  OperationLabel label("all_reduce of %zu arrays", arrays.size());
   NNCOMM_RETURN_IF_ERROR(check_same_call(
       transport, "all_reduce",
       CallSignature("all_reduce", 0, division + 2 * fuse).add_arrays(arrays)));
@@ -260,8 +259,8 @@ Status reduce_in_place(const MpiTransport &transport, void *ptr, size_t count,
 Status reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
                    const std::vector<ArrayRef> &arrays, int root, bool division,
                    bool fuse) {
-  OperationLabel label("reduce of " + std::to_string(arrays.size()) +
-                       " arrays to group rank " + std::to_string(root));
+  OperationLabel label("reduce of %zu arrays to group rank %zu",
+                       arrays.size(), static_cast<size_t>(root));
   NNCOMM_RETURN_IF_ERROR(check_same_call(
       transport, "reduce",
       CallSignature("reduce", root, division + 2 * fuse).add_arrays(arrays)));
@@ -288,8 +287,8 @@ Status reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
 
 Status bcast_list(const MpiTransport &transport, FusionBuffer &fusion,
                   const std::vector<ArrayRef> &arrays, int root, bool fuse) {
-  OperationLabel label("bcast of " + std::to_string(arrays.size()) +
-                       " arrays from group rank " + std::to_string(root));
+  OperationLabel label("bcast of %zu arrays from group rank %zu",
+                       arrays.size(), static_cast<size_t>(root));
   NNCOMM_RETURN_IF_ERROR(
       check_same_call(transport, "bcast",
                       CallSignature("bcast", root, fuse).add_arrays(arrays)));
@@ -314,8 +313,7 @@ Status bcast_list(const MpiTransport &transport, FusionBuffer &fusion,
 
 Status all_gather(const MpiTransport &transport, FusionBuffer &fusion,
                   const ArrayRef &send, const std::vector<ArrayRef> &recv) {
-  OperationLabel label("all_gather of " + std::to_string(send.count) +
-                       " elements per rank");
+  OperationLabel label("all_gather of %zu elements per rank", send.count);
   NNCOMM_RETURN_IF_ERROR(
       check_same_call(transport, "all_gather",
                       CallSignature("all_gather", 0, 0).add_arrays({send})));
@@ -337,8 +335,8 @@ Status all_gather(const MpiTransport &transport, FusionBuffer &fusion,
 Status reduce_scatter(const MpiTransport &transport, FusionBuffer &fusion,
                       const std::vector<ArrayRef> &send, const ArrayRef &recv,
                       bool division) {
-  OperationLabel label("reduce_scatter of " + std::to_string(recv.count) +
-                       " elements per rank");
+  OperationLabel label("reduce_scatter of %zu elements per rank",
+                       recv.count);
   NNCOMM_RETURN_IF_ERROR(check_same_call(
       transport, "reduce_scatter",
       CallSignature("reduce_scatter", 0, division).add_arrays({recv})));

@@ -160,9 +160,8 @@ void Engine::run() {
     lock.unlock();
     Status status;
     {
-      OperationLabel label("all_reduce_callback: gradient bucket " +
-                           std::to_string(b + 1) + " of " +
-                           std::to_string(plan_.size()));
+      OperationLabel label("all_reduce_callback: gradient bucket %zu of %zu",
+                           b + 1, plan_.size());
       status = reduce_bucket(b, failed);
     }
     lock.lock();

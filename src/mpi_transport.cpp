@@ -101,7 +101,11 @@ Status for_each_chunk(void *buf, size_t count, DType dt,
   return Status::Ok();
 }
 
-thread_local std::string operation_label;
+thread_local const OperationLabel *operation_label = nullptr;
+
+// Tests made back to back before a wait starts yielding and looking at
+// the clock: about 5 µs on a 2-rank shared-memory job.
+constexpr int kSpinTests = 64;
 
 std::string rank_list(const std::vector<int> &ranks) {
   std::ostringstream out;
@@ -114,14 +118,21 @@ std::string rank_list(const std::vector<int> &ranks) {
 
 } // namespace
 
-OperationLabel::OperationLabel(std::string label)
-    : previous_(std::move(operation_label)) {
-  operation_label = std::move(label);
+OperationLabel::OperationLabel(const char *format, size_t a, size_t b)
+    : format_(format), a_(a), b_(b), previous_(operation_label) {
+  operation_label = this;
 }
 
-OperationLabel::~OperationLabel() { operation_label = std::move(previous_); }
+OperationLabel::~OperationLabel() { operation_label = previous_; }
 
-const std::string &OperationLabel::current() { return operation_label; }
+std::string OperationLabel::current() {
+  if (operation_label == nullptr)
+    return "an operation";
+  char text[256];
+  std::snprintf(text, sizeof text, operation_label->format_,
+                operation_label->a_, operation_label->b_);
+  return text;
+}
 
 Status MpiTransport::begin() const {
   std::string reason;
@@ -148,6 +159,14 @@ Status MpiTransport::wait(MPI_Request *request, const Polling *polling) const {
   auto next_warning =
       after(std::max(stall, 2 * StallInspector::kArrivalReportSeconds));
   auto next_signals = after(0.1);
+  // Most operations of a healthy job complete within a few tests: those
+  // are made back to back, before any clock read or yield.
+  for (int spin = 0; spin < kSpinTests; ++spin) {
+    int done = 0;
+    NNCOMM_MPI_CALL(MPI_Test, request, &done, MPI_STATUS_IGNORE);
+    if (done)
+      return Status::Ok();
+  }
   for (;;) {
     int done = 0;
     NNCOMM_MPI_CALL(MPI_Test, request, &done, MPI_STATUS_IGNORE);

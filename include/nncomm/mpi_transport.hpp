@@ -41,15 +41,18 @@ struct Polling {
 };
 
 // Names the operation under way on this thread in stall reports and
-// timeout messages (e.g. "all_reduce of 12 arrays"), for its scope.
+// timeout messages, for its scope: a printf format with up to two integers
+// (e.g. "all_reduce of %zu arrays"), formatted only when a message needs it.
 class OperationLabel {
 public:
-  explicit OperationLabel(std::string label);
+  explicit OperationLabel(const char *format, size_t a = 0, size_t b = 0);
   ~OperationLabel();
-  static const std::string &current();
+  static std::string current();
 
 private:
-  std::string previous_;
+  const char *format_;
+  size_t a_, b_;
+  const OperationLabel *previous_;
 };
 
 class MpiTransport {
