@@ -174,6 +174,8 @@ cdef class _CallbackState:
         bw.engine.engine.get().fail(message.encode())
         try:
             (<AllReduceCallback>bw.owner)._finish(bw)
+        except CommunicatorError:
+            raise  # not about this backward: no rank can communicate
         except RuntimeError:
             if raise_it:
                 raise
@@ -267,9 +269,11 @@ cdef class AllReduceCallback:
             if other.thread == thread and other.last is f and \
                     not self.positions.keys().isdisjoint(
                         (<_CallbackState>state)._positions):
-                (<_CallbackState>state).close(
-                    "two callbacks chained in one backward reduce some of "
-                    "the same gradients, which would be summed twice", True)
+                message = ("two callbacks chained in one backward reduce "
+                           "some of the same gradients, which would be "
+                           "summed twice")
+                (<_CallbackState>state).close(message, False)
+                raise RuntimeError(message)
         return 0
 
     cdef _Backward _begin(self, f):
@@ -399,7 +403,8 @@ cdef class AllReduceCallback:
     cdef int _fail(self, _Backward bw, str message) except -1:
         # The engine still sends every remaining bucket (zeros) and then the
         # failure flag, so the other ranks learn of it instead of waiting.
-        return self.state.close(message, True)
+        self.state.close(message, False)
+        raise RuntimeError(message)
 
     cdef int _finish(self, _Backward bw) except -1:
         self.state.backward = None

@@ -141,8 +141,15 @@ def stopped_seen(s, on_ranks):
 
 def chained_twice(s):
     comm = s.comm
+    import nnabla as nn
+    unused = nn.parameter.get_parameter_or_create(
+        "lifecycle/unused", (3,), np.ones(3, np.float32))
     for what, first, second in [
             ("the same callback chained twice", None, None),
+            # No bucket at all: only the reduction at the end, which two
+            # callbacks would make twice.
+            ("two callbacks over the same gradients outside the graph",
+             [unused.grad], [unused.grad]),
             ("two callbacks over the same gradients", s.grads, s.grads),
             ("two callbacks over overlapping gradients", s.grads[:3],
              s.grads[2:])]:
