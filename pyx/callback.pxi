@@ -10,8 +10,6 @@
 
 import threading
 
-import nnabla as nn
-
 from nncomm.graph import analyze
 
 # Bounds on what is kept per set of gradients: analyses of distinct graphs

@@ -41,6 +41,7 @@ cdef extern from "nncomm/collectives.hpp" namespace "nncomm" nogil:
         void* ptr
         size_t count
         DType dtype
+        uint64_t tag
 
     struct Materializer:
         void* (*fn)(void* context, size_t index) noexcept

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "nncomm/config.hpp"
+#include "nncomm/fingerprint.hpp"
 #include "nncomm/host_ops.hpp"
 #include "nncomm/pack.hpp"
 #include "nncomm/wait.hpp"
@@ -132,47 +133,33 @@ Status acquire(ArrayRef &a, size_t index, Materializer materialize) {
   return Status::Ok();
 }
 
-// What every rank of a collective must agree on, folded FNV-1a style.
+// What every rank of a collective must agree on.
 class CallSignature {
 public:
   CallSignature(const char *collective, int root, int options) {
-    for (const char *c = collective; *c != '\0'; ++c)
-      add(*c);
-    add(root);
-    add(options);
+    fingerprint_.add(collective)
+        .add(static_cast<uint64_t>(root))
+        .add(static_cast<uint64_t>(options));
   }
   CallSignature &add_arrays(const std::vector<ArrayRef> &arrays) {
-    add(arrays.size());
+    fingerprint_.add(arrays.size());
     for (const ArrayRef &a : arrays) {
-      add(a.count);
-      add(static_cast<uint64_t>(a.dtype));
+      fingerprint_.add(a.count).add(static_cast<uint64_t>(a.dtype)).add(a.tag);
     }
     return *this;
   }
-  uint64_t value() const { return hash_; }
+  uint64_t value() const { return fingerprint_.value(); }
 
 private:
-  void add(uint64_t v) {
-    hash_ ^= v;
-    hash_ *= 1099511628211ull;
-  }
-  uint64_t hash_ = 14695981039346656037ull;
+  Fingerprint fingerprint_;
 };
 
-// With config::check_calls(), fails on every rank unless all ranks make the
-// same call.
-Status check_same_call(const MpiTransport &transport, const char *collective,
+// Fails on every rank unless all ranks make the same call: always with
+// config::check_calls(), else the first time a call of this signature comes
+// (MpiTransport::check_call).
+Status check_same_call(const MpiTransport &transport,
                        const CallSignature &signature) {
-  if (!config::check_calls())
-    return Status::Ok();
-  bool same = false;
-  NNCOMM_RETURN_IF_ERROR(transport.agree(signature.value(), &same));
-  if (same)
-    return Status::Ok();
-  return Status::InvalidArgument(
-      std::string("the ranks of this group called ") + collective +
-      " with different arguments (number, sizes or dtypes of the arrays, "
-      "root or options differ between ranks)");
+  return transport.check_call(signature.value(), config::check_calls());
 }
 
 } // namespace
@@ -182,7 +169,7 @@ Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
                        float scale, bool fuse, Materializer materialize) {
   OperationLabel label("all_reduce of %zu arrays", arrays.size());
   NNCOMM_RETURN_IF_ERROR(check_same_call(
-      transport, "all_reduce",
+      transport,
       CallSignature("all_reduce", 0, division + 2 * fuse).add_arrays(arrays)));
   if (arrays.empty())
     return Status::Ok();
@@ -262,7 +249,7 @@ Status reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
   OperationLabel label("reduce of %zu arrays to group rank %zu",
                        arrays.size(), static_cast<size_t>(root));
   NNCOMM_RETURN_IF_ERROR(check_same_call(
-      transport, "reduce",
+      transport,
       CallSignature("reduce", root, division + 2 * fuse).add_arrays(arrays)));
   const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/false);
   char *buffer = nullptr;
@@ -290,7 +277,7 @@ Status bcast_list(const MpiTransport &transport, FusionBuffer &fusion,
   OperationLabel label("bcast of %zu arrays from group rank %zu",
                        arrays.size(), static_cast<size_t>(root));
   NNCOMM_RETURN_IF_ERROR(
-      check_same_call(transport, "bcast",
+      check_same_call(transport,
                       CallSignature("bcast", root, fuse).add_arrays(arrays)));
   const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/false);
   char *buffer = nullptr;
@@ -315,7 +302,7 @@ Status all_gather(const MpiTransport &transport, FusionBuffer &fusion,
                   const ArrayRef &send, const std::vector<ArrayRef> &recv) {
   OperationLabel label("all_gather of %zu elements per rank", send.count);
   NNCOMM_RETURN_IF_ERROR(
-      check_same_call(transport, "all_gather",
+      check_same_call(transport,
                       CallSignature("all_gather", 0, 0).add_arrays({send})));
   if (recv.size() == 1) {
     return transport.allgather(send.ptr, recv[0].ptr, send.count, send.dtype);
@@ -338,7 +325,7 @@ Status reduce_scatter(const MpiTransport &transport, FusionBuffer &fusion,
   OperationLabel label("reduce_scatter of %zu elements per rank",
                        recv.count);
   NNCOMM_RETURN_IF_ERROR(check_same_call(
-      transport, "reduce_scatter",
+      transport,
       CallSignature("reduce_scatter", 0, division).add_arrays({recv})));
   const void *packed = send[0].ptr;
   if (send.size() > 1) {

@@ -10,6 +10,7 @@
 
 #include "nncomm/bfloat16.hpp"
 #include "nncomm/config.hpp"
+#include "nncomm/fingerprint.hpp"
 #include "nncomm/host_memory.hpp"
 #include "nncomm/wait.hpp"
 
@@ -134,14 +135,55 @@ std::string OperationLabel::current() {
   return text;
 }
 
-Status MpiTransport::begin() const {
+// What the stall reports say a rank is doing: the same on every rank making
+// the same MPI call.
+uint64_t operation(const char *kind, size_t count, DType dt, int root = 0) {
+  return Fingerprint()
+      .add(kind)
+      .add(count)
+      .add(static_cast<uint64_t>(dt))
+      .add(static_cast<uint64_t>(root))
+      .value();
+}
+
+Status MpiTransport::begin(uint64_t fingerprint, uint64_t phase) const {
   std::string reason;
   if (broken(&reason)) {
     return Status::Communicator(
         "nncomm can no longer communicate: " + reason +
         "; the job is being aborted");
   }
-  ++seq_;
+  ++at_.seq;
+  at_.fingerprint = fingerprint;
+  at_.phase = phase;
+  return Status::Ok();
+}
+
+Status MpiTransport::check_call(uint64_t signature, bool always) const {
+  unchecked_ = Fingerprint().add(unchecked_).add(signature).value();
+  if (!always && checked_.count(signature) != 0)
+    return Status::Ok();
+  // Every call since the last comparison is in `unchecked_`.
+  uint64_t both[2] = {unchecked_, ~unchecked_};
+  NNCOMM_RETURN_IF_ERROR(begin(signature, 1));
+  MPI_Request request = MPI_REQUEST_NULL;
+  NNCOMM_MPI_CALL(MPI_Iallreduce, MPI_IN_PLACE, both, 2, MPI_UINT64_T, MPI_MAX,
+                  check_comm_, &request);
+  NNCOMM_RETURN_IF_ERROR(wait(&request, nullptr));
+  const bool same = both[0] == unchecked_ && both[1] == ~unchecked_;
+  unchecked_ = 0; // a difference is reported once
+  if (!same) {
+    return Status::InvalidArgument(
+        "the ranks of this group make different calls (" +
+        OperationLabel::current() +
+        " here; different arguments: number, sizes, dtypes or order of the "
+        "arrays, root or options, or another collective, now or since the "
+        "last call compared)");
+  }
+  // Bounded: a program whose sizes never repeat compares again later.
+  if (checked_.size() >= 4096)
+    checked_.clear();
+  checked_.insert(signature);
   return Status::Ok();
 }
 
@@ -189,16 +231,28 @@ Status MpiTransport::wait(MPI_Request *request, const Polling *polling) const {
     }
     if (now >= next_look) {
       next_look = now + std::chrono::milliseconds(200);
-      if (inspector_)
-        inspector_->arrived(seq_);
+      if (inspector_) {
+        inspector_->arrived(at_);
+        const std::vector<int> other = inspector_->differing(at_);
+        if (!other.empty()) {
+          // This operation can never complete.
+          const std::string message =
+              "the ranks of this group make different calls: " +
+              OperationLabel::current() + " (operation " +
+              std::to_string(at_.seq) + ") here, another call on world ranks " +
+              rank_list(other);
+          mark_broken(message, true);
+          return Status::InvalidArgument(message);
+        }
+      }
       const double waited = std::chrono::duration<double>(now - start).count();
       const bool timed_out = timeout > 0 && waited >= timeout;
       const bool warn = stall > 0 && now >= next_warning && rank_ == 0;
       if (timed_out || warn) {
         const std::vector<int> missing =
-            inspector_ ? inspector_->missing(seq_) : std::vector<int>();
+            inspector_ ? inspector_->missing(at_) : std::vector<int>();
         std::ostringstream what;
-        what << OperationLabel::current() << " (operation " << seq_;
+        what << OperationLabel::current() << " (operation " << at_.seq;
         if (inspector_)
           what << " on the group of world ranks "
                << rank_list(inspector_->world_ranks());
@@ -279,7 +333,7 @@ Status MpiTransport::Init(MPI_Request *created) {
   if (created != nullptr) {
     // A communicator being created has no ranks to report stalls to yet.
     OperationLabel label("creating a communicator");
-    Status status = begin();
+    Status status = begin(operation("create", 0, DType::kInt64));
     if (status.ok())
       status = wait(created, nullptr);
     if (!status.ok()) {
@@ -309,6 +363,8 @@ Status MpiTransport::Init(MPI_Request *created) {
   if (err != MPI_SUCCESS)
     return Status::Mpi(err, "MPI_Group_translate_ranks");
   inspector_.reset(new StallInspector(comm_, rank_, std::move(world_ranks)));
+  // Every member is here by now (the communicator is complete).
+  NNCOMM_MPI_CALL(MPI_Comm_dup, comm_, &check_comm_);
   MPI_Comm node = MPI_COMM_NULL;
   NNCOMM_MPI_CALL(MPI_Comm_split_type, comm_, MPI_COMM_TYPE_SHARED, rank_,
                   MPI_INFO_NULL, &node);
@@ -323,6 +379,8 @@ MpiTransport::~MpiTransport() {
   inspector_.reset();
   int finalized = 1;
   MPI_Finalized(&finalized);
+  if (!finalized && check_comm_ != MPI_COMM_NULL)
+    MPI_Comm_free(&check_comm_);
   if (!finalized && comm_ != MPI_COMM_NULL)
     MPI_Comm_free(&comm_);
 }
@@ -332,7 +390,7 @@ Status MpiTransport::allreduce(void *buf, size_t count, DType dt,
                                const PieceFn &after) const {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
-  NNCOMM_RETURN_IF_ERROR(begin());
+  NNCOMM_RETURN_IF_ERROR(begin(operation("allreduce", count, dt)));
   return for_each_chunk(buf, count, dt, [&](char *piece, int n) {
     if (before)
       before(piece, static_cast<size_t>(n));
@@ -349,7 +407,7 @@ Status MpiTransport::allreduce(void *buf, size_t count, DType dt,
 Status MpiTransport::reduce(void *buf, size_t count, DType dt, int root) const {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
-  NNCOMM_RETURN_IF_ERROR(begin());
+  NNCOMM_RETURN_IF_ERROR(begin(operation("reduce", count, dt, root)));
   const bool is_root = rank_ == root;
   return for_each_chunk(buf, count, dt, [&](char *piece, int n) {
     // Only the root receives; the others' buffers stay as they are.
@@ -362,7 +420,7 @@ Status MpiTransport::reduce(void *buf, size_t count, DType dt, int root) const {
 }
 
 Status MpiTransport::bcast(void *buf, size_t count, DType dt, int root) const {
-  NNCOMM_RETURN_IF_ERROR(begin());
+  NNCOMM_RETURN_IF_ERROR(begin(operation("bcast", count, dt, root)));
   MPI_Request request = MPI_REQUEST_NULL;
   NNCOMM_MPI_CALL(MPI_Ibcast_c, buf, static_cast<MPI_Count>(count),
                   mpi_type(dt), root, comm_, &request);
@@ -371,7 +429,7 @@ Status MpiTransport::bcast(void *buf, size_t count, DType dt, int root) const {
 
 Status MpiTransport::allgather(const void *send, void *recv, size_t count,
                                DType dt) const {
-  NNCOMM_RETURN_IF_ERROR(begin());
+  NNCOMM_RETURN_IF_ERROR(begin(operation("allgather", count, dt)));
   MPI_Request request = MPI_REQUEST_NULL;
   NNCOMM_MPI_CALL(MPI_Iallgather_c, send, static_cast<MPI_Count>(count),
                   mpi_type(dt), recv, static_cast<MPI_Count>(count),
@@ -383,7 +441,7 @@ Status MpiTransport::reduce_scatter(const void *send, void *recv, size_t count,
                                     DType dt) const {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
-  NNCOMM_RETURN_IF_ERROR(begin());
+  NNCOMM_RETURN_IF_ERROR(begin(operation("reduce_scatter", count, dt)));
   MPI_Request request = MPI_REQUEST_NULL;
   NNCOMM_MPI_CALL(MPI_Ireduce_scatter_block_c, send, recv,
                   static_cast<MPI_Count>(count), mpi_type(dt), op, comm_,
@@ -393,7 +451,7 @@ Status MpiTransport::reduce_scatter(const void *send, void *recv, size_t count,
 
 Status MpiTransport::barrier() const {
   OperationLabel label("barrier");
-  NNCOMM_RETURN_IF_ERROR(begin());
+  NNCOMM_RETURN_IF_ERROR(begin(operation("barrier", 0, DType::kInt64)));
   MPI_Request request = MPI_REQUEST_NULL;
   NNCOMM_MPI_CALL(MPI_Ibarrier, comm_, &request);
   return wait(&request, nullptr);
@@ -402,7 +460,7 @@ Status MpiTransport::barrier() const {
 Status MpiTransport::agree(uint64_t value, bool *same) const {
   // max(v) == v and max(~v) == ~v hold on every rank only if all v agree.
   uint64_t both[2] = {value, ~value};
-  NNCOMM_RETURN_IF_ERROR(begin());
+  NNCOMM_RETURN_IF_ERROR(begin(operation("agree", 2, DType::kInt64)));
   MPI_Request request = MPI_REQUEST_NULL;
   NNCOMM_MPI_CALL(MPI_Iallreduce, MPI_IN_PLACE, both, 2, MPI_UINT64_T, MPI_MAX,
                   comm_, &request);

@@ -21,10 +21,11 @@ StallInspector::~StallInspector() {
   }
 }
 
-void StallInspector::arrived(uint64_t seq) {
-  if (reported_ == seq)
+void StallInspector::arrived(const Position &at) {
+  if (reported_ == at.seq && reported_phase_ == at.phase)
     return;
-  reported_ = seq;
+  reported_ = at.seq;
+  reported_phase_ = at.phase;
   // Reports already delivered free their buffers.
   for (auto it = sends_.begin(); it != sends_.end();) {
     int done = 0;
@@ -39,9 +40,9 @@ void StallInspector::arrived(uint64_t seq) {
   for (int r = 0; r < static_cast<int>(world_ranks_.size()); ++r) {
     if (r == rank_)
       continue;
-    Send *s = new Send{MPI_REQUEST_NULL, seq};
+    Send *s = new Send{MPI_REQUEST_NULL, {at.seq, at.fingerprint, at.phase}};
     // A failed send (a dead rank) only means that rank hears nothing.
-    if (MPI_Isend(&s->seq, 1, MPI_UINT64_T, r, kArrivalTag, comm_,
+    if (MPI_Isend(s->message, 3, MPI_UINT64_T, r, kArrivalTag, comm_,
                   &s->request) == MPI_SUCCESS) {
       sends_.push_back(s);
     } else {
@@ -58,28 +59,47 @@ void StallInspector::collect(uint64_t seq) {
             MPI_SUCCESS ||
         !pending)
       break;
-    uint64_t at = 0;
-    if (MPI_Recv(&at, 1, MPI_UINT64_T, status.MPI_SOURCE, kArrivalTag, comm_,
-                 MPI_STATUS_IGNORE) != MPI_SUCCESS)
+    uint64_t message[3] = {0, 0, 0};
+    if (MPI_Recv(message, 3, MPI_UINT64_T, status.MPI_SOURCE, kArrivalTag,
+                 comm_, MPI_STATUS_IGNORE) != MPI_SUCCESS)
       break;
     // A rank may already be at a later operation than this one.
-    if (at >= seq) {
-      auto &ranks = arrived_[at];
-      ranks.resize(world_ranks_.size());
-      ranks[status.MPI_SOURCE] = true;
+    if (message[0] >= seq) {
+      auto &reports = arrived_[message[0]];
+      reports.resize(world_ranks_.size());
+      reports[status.MPI_SOURCE] = {true,
+                                    {message[0], message[1], message[2]}};
     }
   }
   arrived_.erase(arrived_.begin(), arrived_.lower_bound(seq));
 }
 
-std::vector<int> StallInspector::missing(uint64_t seq) {
-  collect(seq);
-  const auto found = arrived_.find(seq);
+std::vector<int> StallInspector::missing(const Position &at) {
+  collect(at.seq);
+  const auto found = arrived_.find(at.seq);
   std::vector<int> out;
   for (int r = 0; r < static_cast<int>(world_ranks_.size()); ++r) {
-    const bool here = r == rank_ ||
-                      (found != arrived_.end() && found->second[r]);
+    const bool here =
+        r == rank_ || (found != arrived_.end() && found->second[r].arrived);
     if (!here)
+      out.push_back(world_ranks_[r]);
+  }
+  return out;
+}
+
+std::vector<int> StallInspector::differing(const Position &at) {
+  collect(at.seq);
+  std::vector<int> out;
+  const auto found = arrived_.find(at.seq);
+  if (found == arrived_.end())
+    return out;
+  for (int r = 0; r < static_cast<int>(world_ranks_.size()); ++r) {
+    const Report &report = found->second[r];
+    if (r == rank_ || !report.arrived)
+      continue;
+    const bool both_checking = report.at.phase == 1 && at.phase == 1;
+    if (!both_checking && (report.at.fingerprint != at.fingerprint ||
+                           report.at.phase != at.phase))
       out.push_back(world_ranks_[r]);
   }
   return out;

@@ -40,9 +40,10 @@ def test_worker_tuned(tuning, worker, n):
         assert f"{key}={value}" in out
 
 
+@pytest.mark.parametrize("every_call", ("0", "1"))
 @pytest.mark.parametrize("n", (2, 3))
-def test_mismatched_calls_raise_with_check(n):
-    run_worker("check_calls", n, env={"NNCOMM_CHECK_CALLS": "1"})
+def test_mismatched_calls_raise(n, every_call):
+    run_worker("check_calls", n, env={"NNCOMM_CHECK_CALLS": every_call})
 
 
 def test_large_tensor_two_ranks():

@@ -1,5 +1,6 @@
 """No wait for other ranks is unbounded, and a stalled one says who is
-missing: a late rank (stall reports), a rank that never comes
+missing: a late rank (stall reports), ranks in different calls (found
+from the stall reports within seconds), a rank that never comes
 (NNCOMM_TIMEOUT: every other rank raises CommunicatorError naming it, then
 the job is aborted), Ctrl-C (KeyboardInterrupt within a second), a rank
 killed during a callback backward (with mpiexec's clean-up and without:
@@ -102,4 +103,18 @@ def test_a_rank_killed_during_backward_ends_the_job(cleanup):
         # mpiexec left the survivors running (it sometimes ends them all
         # anyway): they timed out, named the dead rank and aborted.
         assert MISSING.search(out).group(1) == "2", out + err
+    assert not left_running(token)
+
+
+def test_ranks_in_different_calls_find_out_from_the_stall_reports():
+    token = f"mismatch-{uuid.uuid4().hex}"
+    code, out, err, seconds = run_job(
+        "waits", 3, ["mismatch", "all_reduce", token], timeout=60)
+    assert code != 0, out
+    for rank in range(3):
+        line = re.search(rf"^rank {rank}: .*$", out, re.MULTILINE)
+        assert line is not None, out + err
+        assert "make different calls" in line.group(0), line.group(0)
+    # Reports go out after a second of waiting; NNCOMM_TIMEOUT is 30 min.
+    assert seconds < 30, seconds
     assert not left_running(token)

@@ -7,11 +7,12 @@
 // issues the same calls. Larger arrays, and all arrays without `fuse`, are
 // communicated where they lie, one after another.
 //
-// Arguments are validated by the binding before any rank communicates; the
-// functions here assume a well-formed call (same list on every rank).
+// Arguments are validated by the binding before any rank communicates; that
+// the ranks make the same call is checked here (MpiTransport::check_call).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "nncomm/dtype.hpp"
@@ -25,6 +26,10 @@ struct ArrayRef {
   void *ptr;    // host memory; nullptr for a zeroing array (all_reduce only)
   size_t count; // elements
   DType dtype;
+  // Names the array in the check that all ranks make the same call (the
+  // same on every rank for the same array, e.g. a hash of its parameter's
+  // name; 0: unnamed).
+  uint64_t tag = 0;
 };
 
 // Gives writable memory for array `index` of an all_reduce list whose

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <mpi.h>
@@ -103,6 +104,15 @@ public:
   Status barrier() const;
   // Sets `*same` to whether every rank passed the same `value`.
   Status agree(uint64_t value, bool *same) const;
+  // Checks that the ranks make the same call, `signature` being what every
+  // rank must agree on: compared across the ranks the first time this
+  // signature comes on this transport (every time with `always`), together
+  // with every call since the last comparison, on a communicator of its own
+  // (so a rank that did not compare cannot match it with a collective).
+  // Fails on every rank that compared when they differ; a rank whose call
+  // was not compared, because it had made it before, learns of it from the
+  // stall reports (wait()) and fails too.
+  Status check_call(uint64_t signature, bool always) const;
   // Ends the whole job: MPI_Abort on this communicator.
   void abort(int errorcode) const;
 
@@ -112,16 +122,24 @@ private:
   Status Init(MPI_Request *created);
   // Waits for `*request`, the next step of the operation `begin()` opened.
   Status wait(MPI_Request *request, const Polling *polling) const;
-  // Opens the next operation: fails at once after an earlier failed wait.
-  Status begin() const;
+  // Opens the next operation, whose `fingerprint` (kind, count, dtype,
+  // root) the stall reports carry: fails at once after an earlier failed
+  // wait. `phase` 1: the check of a call (check_call()).
+  Status begin(uint64_t fingerprint, uint64_t phase = 0) const;
 
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 0;
   int local_rank_ = 0;
-  // Counts operations; the same on every rank while their calls match.
-  mutable uint64_t seq_ = 0;
+  MPI_Comm check_comm_ = MPI_COMM_NULL; // check_call()'s rounds only
+  // The operation under way: counted, the same on every rank while their
+  // calls match.
+  mutable StallInspector::Position at_;
   mutable std::unique_ptr<StallInspector> inspector_;
+  // Signatures of calls compared across the ranks, and the fold of every
+  // call's signature since the last comparison.
+  mutable std::unordered_set<uint64_t> checked_;
+  mutable uint64_t unchecked_ = 0;
 };
 
 } // namespace nncomm

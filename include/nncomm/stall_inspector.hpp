@@ -1,12 +1,15 @@
 // StallInspector: which ranks of a communicator have not arrived at an
-// operation that takes long, as Horovod's stall inspector reports.
+// operation that takes long, as Horovod's stall inspector reports, and which
+// are at it with another call.
 //
 // A rank whose wait at operation `seq` has lasted kArrivalReportSeconds tells
 // every other rank of the communicator so, once, in a point-to-point message
 // on the communicator itself (point-to-point traffic never matches a
-// collective's). Waiting ranks collect these reports; a rank that sent none
-// for `seq` has not arrived there. A wait that completes quickly sends
-// nothing, so healthy training pays nothing.
+// collective's), with the operation's fingerprint and phase (the operation
+// itself, or the check that precedes a call). Waiting ranks collect these
+// reports: a rank that sent none for `seq` has not arrived there; one at
+// `seq` with another fingerprint or phase makes a different call. A wait
+// that completes quickly sends nothing, so healthy training pays nothing.
 #pragma once
 
 #include <cstdint>
@@ -28,24 +31,39 @@ public:
   StallInspector(const StallInspector &) = delete;
   StallInspector &operator=(const StallInspector &) = delete;
 
-  // This rank waits at operation `seq`: tells the other ranks, once.
-  void arrived(uint64_t seq);
+  // What a rank is doing at an operation.
+  struct Position {
+    uint64_t seq = 0;
+    uint64_t fingerprint = 0;
+    uint64_t phase = 0; // 0: the operation; 1: the check of a call
+  };
+
+  // This rank waits at `at`: tells the other ranks, once.
+  void arrived(const Position &at);
   // The world ranks of the communicator that have not told this one they
-  // are at operation `seq` (this rank excluded).
-  std::vector<int> missing(uint64_t seq);
+  // are at operation `at.seq` (this rank excluded).
+  std::vector<int> missing(const Position &at);
+  // The world ranks at operation `at.seq` doing something else than `at`
+  // (ranks both checking calls are left to the check itself).
+  std::vector<int> differing(const Position &at);
   const std::vector<int> &world_ranks() const { return world_ranks_; }
 
 private:
+  struct Report {
+    bool arrived = false;
+    Position at;
+  };
   void collect(uint64_t seq);
 
   MPI_Comm comm_;
   int rank_;
   std::vector<int> world_ranks_;
   uint64_t reported_ = UINT64_MAX; // the last seq this rank announced
-  std::map<uint64_t, std::vector<bool>> arrived_; // seq -> rank has arrived
+  uint64_t reported_phase_ = 0;
+  std::map<uint64_t, std::vector<Report>> arrived_; // seq -> per rank
   struct Send {
     MPI_Request request;
-    uint64_t seq; // the message's buffer
+    uint64_t message[3]; // the message's buffer: a Position
   };
   std::vector<Send *> sends_;
 };

@@ -1,12 +1,17 @@
-"""With NNCOMM_CHECK_CALLS=1, ranks that make different calls of the same
-collective get a ValueError on every rank, instead of MPI failing or
-aborting; matching calls still give correct results.
+"""Ranks that make different calls of the same collective get a ValueError
+on every rank, instead of MPI failing or aborting; matching calls still give
+correct results. By default a call is compared across the ranks the first
+time its signature comes (each mismatch here is a call never made before);
+with NNCOMM_CHECK_CALLS=1 every call is, and arrays are named by their
+parameters, so same-shaped gradients passed in another order are caught.
 
 Run on 2 or more ranks: rank 0 and the others disagree in each case.
 """
 import os
 
 import numpy as np
+
+import nnabla as nn
 
 from _harness import Checker, make_comm, nd
 
@@ -19,7 +24,7 @@ def main():
     ck = Checker("check_calls")
     comm, _ = make_comm()
     r, n = comm.rank, comm.size
-    ck.equal(os.environ.get("NNCOMM_CHECK_CALLS"), "1", "check enabled")
+    every_call = os.environ.get("NNCOMM_CHECK_CALLS") == "1"
     odd = r != 0  # rank 0 against the rest
     mismatches = [
         ("all_reduce of different sizes",
@@ -43,8 +48,15 @@ def main():
          lambda: comm.reduce_scatter(full(n * (2 + odd), 1.0),
                                      full(2 + odd, 0.0))),
     ]
+    if every_call:
+        a, b = (nn.parameter.get_parameter_or_create(
+            f"check_calls/{name}", (6,), np.full(6, 1.0, np.float32))
+            for name in "ab")
+        mismatches.append(
+            ("all_reduce of same-shaped gradients in another order",
+             lambda: comm.all_reduce([a.grad, b.grad][::1 - 2 * odd])))
     for what, fn in mismatches:
-        ck.raises(ValueError, "different arguments", what, fn)
+        ck.raises(ValueError, "different calls", what, fn)
         # Every rank left the failed call: a matching one works right after.
         x = full(4, r + 1.0)
         comm.all_reduce(x)

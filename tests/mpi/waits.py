@@ -14,6 +14,11 @@ all_gather) as MODE says, the other ranks do OP normally:
   what a later collective raises.
 - kill: the last rank SIGKILLs itself during a callback backward (OP is
   'callback').
+- mismatch: after an all_reduce of 4 elements everywhere, the last rank
+  makes one of 6 (a call it never made: compared across the ranks first)
+  while the others make the one of 4 again (not compared again): every
+  rank must learn from the stall reports that the calls differ (OP is
+  'all_reduce').
 
 TOKEN only marks the processes, so that the test can check none is left.
 """
@@ -71,6 +76,10 @@ def run_op(comm, late):
     """Operation OP on every rank; the last rank misbehaves first
     (`late`). Returns what to check, or None."""
     n, r = comm.size, comm.rank
+    if MODE == "mismatch":
+        comm.all_reduce(nd(np.ones(4, np.float32)))
+        comm.all_reduce(nd(np.ones(6 if late else 4, np.float32)))
+        return None
     if OP == "all_reduce":
         if late:
             misbehave()
