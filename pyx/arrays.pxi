@@ -120,7 +120,8 @@ cdef ArrayList collect(list arrays, ctx, str what, dtype,
     cdef ArrayRef ref
     # With every call checked, arrays are named by their parameters, so that
     # ranks passing same-shaped arrays in another order are told apart.
-    names = parameter_names() if check_calls() else {}
+    names = parameter_names() \
+        if check_calls() == CallChecks.kEvery else None
     self.arrays = arrays
     self.dtypes = []
     self.ctx = ctx
@@ -135,7 +136,7 @@ cdef ArrayList collect(list arrays, ctx, str what, dtype,
         self.dtypes.append(dt)
         ref.count = x.size
         ref.dtype = <DType><int>code
-        ref.tag = names.get(x, 0)
+        ref.tag = 0 if names is None else names.get(x, 0)
         ref.ptr = NULL
         self.refs.push_back(ref)
         if not (zeroing_as_null and x.zeroing):

@@ -538,7 +538,7 @@ cdef int _agree_on_settings(_Group world) except -1:
     cdef int64_t mine[3]
     mine[0] = chunk_bytes()
     mine[1] = direct_bytes()
-    mine[2] = check_calls()
+    mine[2] = <int>check_calls()
     n = len(world.ranks)
     everyone = np.zeros((n, 3), np.int64)
     cdef int64_t[:, ::1] out = everyone

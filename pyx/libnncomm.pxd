@@ -108,7 +108,11 @@ cdef extern from "nncomm/config.hpp" namespace "nncomm::config" nogil:
     int engine_poll_us()
     size_t direct_bytes()
     size_t chunk_bytes()
-    bool check_calls()
+    enum class CallChecks(int):
+        kOff
+        kNew
+        kEvery
+    CallChecks check_calls()
 
 
 cdef extern from "nncomm/wait.hpp" namespace "nncomm" nogil:

@@ -45,14 +45,16 @@ Setting<double> seconds(const char *name, double fallback) {
   return {parsed};
 }
 
-Setting<bool> flag(const char *name) {
+Setting<CallChecks> call_checks(const char *name) {
   const char *v = env(name);
   if (v == nullptr)
-    return {false};
+    return {CallChecks::kNew};
   const std::string s = v;
-  if (s == "0" || s == "1")
-    return {s == "1"};
-  return {false, false};
+  if (s == "0")
+    return {CallChecks::kOff};
+  if (s == "1")
+    return {CallChecks::kEvery};
+  return {CallChecks::kNew, false};
 }
 
 Setting<int> microseconds(const char *name, int fallback) {
@@ -88,8 +90,8 @@ const Setting<size_t> &huge_page() {
   static const auto s = bytes("NNCOMM_HUGE_PAGE_BYTES", 4u << 20);
   return s;
 }
-const Setting<bool> &check() {
-  static const auto s = flag("NNCOMM_CHECK_CALLS");
+const Setting<CallChecks> &check() {
+  static const auto s = call_checks("NNCOMM_CHECK_CALLS");
   return s;
 }
 const Setting<std::optional<Launch>> &launch_setting() {
@@ -126,7 +128,7 @@ Status validate() {
   note(chunk().ok, "NNCOMM_CHUNK_BYTES", "a positive number of bytes");
   note(direct().ok, "NNCOMM_DIRECT_BYTES", "a positive number of bytes");
   note(huge_page().ok, "NNCOMM_HUGE_PAGE_BYTES", "a positive number of bytes");
-  note(check().ok, "NNCOMM_CHECK_CALLS", "0 or 1");
+  note(check().ok, "NNCOMM_CHECK_CALLS", "0 (no check) or 1 (every call)");
   note(launch_setting().ok, "NNCOMM_LAUNCH", "eager, deferred or auto");
   note(poll().ok, "NNCOMM_ENGINE_POLL_US", "0 to 1000000 microseconds");
   note(timeout().ok, "NNCOMM_TIMEOUT", "seconds, 0 for none");
@@ -141,7 +143,7 @@ Status validate() {
 size_t chunk_bytes() { return chunk().value; }
 size_t direct_bytes() { return direct().value; }
 size_t huge_page_bytes() { return huge_page().value; }
-bool check_calls() { return check().value; }
+CallChecks check_calls() { return check().value; }
 std::optional<Launch> engine_launch() { return launch_setting().value; }
 int engine_poll_us() { return poll().value; }
 double timeout_seconds() { return timeout().value; }

@@ -40,10 +40,16 @@ def test_worker_tuned(tuning, worker, n):
         assert f"{key}={value}" in out
 
 
-@pytest.mark.parametrize("every_call", ("0", "1"))
+@pytest.mark.parametrize("mode", ("bad", "differ", "differ_checks", "same"))
+def test_settings_checked_at_init(mode):
+    run_worker("settings", 1 if mode == "bad" else 3, [mode], timeout=60)
+
+
+@pytest.mark.parametrize("every_call", (False, True))
 @pytest.mark.parametrize("n", (2, 3))
 def test_mismatched_calls_raise(n, every_call):
-    run_worker("check_calls", n, env={"NNCOMM_CHECK_CALLS": every_call})
+    run_worker("check_calls", n,
+               env={"NNCOMM_CHECK_CALLS": "1"} if every_call else None)
 
 
 def test_large_tensor_two_ranks():

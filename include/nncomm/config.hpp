@@ -31,11 +31,14 @@ size_t direct_bytes();
 // direct reduction (see host_memory.hpp). NNCOMM_HUGE_PAGE_BYTES.
 size_t huge_page_bytes();
 
-// Before every collective, check that all ranks of the group make the same
-// call (collective, root, options, array count, sizes and dtypes); a
-// mismatch then raises ValueError on every rank instead of MPI failing or
-// aborting. Costs one small all-reduce per call. NNCOMM_CHECK_CALLS=1.
-bool check_calls();
+// Whether collectives check that all ranks of the group make the same call
+// (collective, root, options, array count, sizes and dtypes), so that a
+// mismatch raises ValueError on every rank instead of MPI failing, hanging
+// or mixing data: kNew (the default) compares each call signature the first
+// time it comes (MpiTransport::check_call), kEvery every call
+// (NNCOMM_CHECK_CALLS=1), kOff none (NNCOMM_CHECK_CALLS=0).
+enum class CallChecks { kOff = 0, kNew = 1, kEvery = 2 };
+CallChecks check_calls();
 
 // When the callback engine launches buckets: "eager" (as each is ready),
 // "deferred" (all at the end of backward) or "auto" (the default: timed on

@@ -1,0 +1,46 @@
+"""init() refuses settings that do not parse, and settings that change the
+MPI calls when the ranks differ in them, with a ValueError on every rank
+naming the variable (and the ranks' values).
+
+Usage: settings.py MODE, where MODE is
+- bad: every rank runs with NNCOMM_CHUNK_BYTES=4k and NNCOMM_TIMEOUT=-1;
+- differ: rank r runs with NNCOMM_DIRECT_BYTES=(r + 1) * 64, or with
+  NNCOMM_CHECK_CALLS=0 on rank 0 only (MODE differ_checks);
+- same: every rank runs with NNCOMM_DIRECT_BYTES=64 (init succeeds).
+"""
+import os
+import sys
+
+from mpi4py import MPI
+
+from _harness import Checker, make_comm
+
+MODE = sys.argv[1]
+RANK, SIZE = MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
+# Read by nncomm once, at init(): set before it, on this rank alone.
+if MODE == "bad":
+    os.environ["NNCOMM_CHUNK_BYTES"] = "4k"
+    os.environ["NNCOMM_TIMEOUT"] = "-1"
+elif MODE == "differ":
+    os.environ["NNCOMM_DIRECT_BYTES"] = str((RANK + 1) * 64)
+elif MODE == "differ_checks" and RANK == 0:
+    os.environ["NNCOMM_CHECK_CALLS"] = "0"
+elif MODE == "same":
+    os.environ["NNCOMM_DIRECT_BYTES"] = "64"
+
+ck = Checker("settings")
+expected = {
+    "bad": ["NNCOMM_CHUNK_BYTES=4k", "NNCOMM_TIMEOUT=-1"],
+    "differ": ["NNCOMM_DIRECT_BYTES differs between ranks"]
+    + [f"{(r + 1) * 64} on ranks [{r}]" for r in range(SIZE)],
+    "differ_checks": ["NNCOMM_CHECK_CALLS differs between ranks",
+                      "on ranks [0]"],
+}.get(MODE)
+if expected is None:
+    comm, _ = make_comm()
+    ck.equal(comm.size, SIZE, "init() with the same settings everywhere")
+else:
+    for text in expected:
+        ck.raises(ValueError, text, f"init() with settings {MODE}: {text}",
+                  make_comm)
+ck.finish()
