@@ -30,6 +30,9 @@ cdef dict _WIRE_DTYPES = {
 cdef dict _WIRE_ITEMSIZE = {code: dt.itemsize
                             for dt, code in _DTYPE_CODES.items()}
 
+cdef dict _FLOAT_CODES = {dt: code for dt, code in _DTYPE_CODES.items()
+                          if dt.kind == "f"}
+
 # The states with a backward in flight, on any thread. A thread that enters
 # nncomm anywhere else (another backward, a collective, a solver) while its
 # own backward is still in flight knows that backward has stopped part-way.
@@ -147,6 +150,10 @@ cdef class _CallbackState:
     cdef _Backward backward
     cdef _Engine latest
     cdef _Group group
+    # The gradients' dtype codes the plans are made for, read again when a
+    # gradient became final in another dtype (`replan`).
+    cdef tuple codes
+    cdef bint replan
 
     def __cinit__(self, _Group group):
         self.analyses = {}
@@ -280,9 +287,14 @@ cdef class AllReduceCallback:
             graph = analyze(f, self.positions)
             remember(self.state.analyses, f, graph, _MAX_ANALYSES)
         # The plan follows the gradients as they are now: a parameter
-        # reshaped or a gradient whose dtype changed gets a plan of its own.
+        # reshaped, or a gradient that became final in another dtype than
+        # planned during the last backward, gets a plan of its own.
         sizes = tuple(x.size for x in self.data)
-        codes = tuple(_DTYPE_CODES.get(dtype_of(x), -1) for x in self.data)
+        if self.state.codes is None or self.state.replan:
+            self.state.codes = tuple(_DTYPE_CODES.get(dtype_of(x), -1)
+                                     for x in self.data)
+            self.state.replan = False
+        codes = self.state.codes
         key = (graph.reached, sizes, codes)
         cdef _Engine engine = self.state.engines.get(key)
         if engine is None:
@@ -374,16 +386,18 @@ cdef class AllReduceCallback:
     cdef int _ready(self, _Backward bw, Py_ssize_t i) except -1:
         x = self.data[i]
         dt = dtype_of(x)
-        code = _DTYPE_CODES.get(dt)
-        if code is None or dt.kind != "f":
+        code = _FLOAT_CODES.get(dt)
+        if code is None:
             self._fail(bw, f"data[{i}] became {dt} during backward; "
                        f"gradients must be float32, float16 or float64")
+        if code != bw.engine.codes[i]:
+            self.state.replan = True
         if x.size != bw.engine.sizes[i]:
             self._fail(bw, f"data[{i}] has {x.size} elements, "
                        f"{bw.engine.sizes[i]} when this backward began "
                        f"(reshaped during backward?)")
         # A dtype other than planned is converted into and out of the
-        # bucket's; the next backward plans for it.
+        # bucket's this time.
         cdef void* ptr = <void*><uintptr_t>x.data_ptr(dt, self.ctx)
         bw.engine.engine.get().mark_ready(i, ptr, <DType><int>code)
         return 0

@@ -31,19 +31,20 @@ class BackwardGraph:
         functions (list): the called functions, in discovery order.
     """
 
-    def __init__(self, consumers, counts, functions, flags):
+    def __init__(self, consumers, counts, functions, watched):
         self.consumers = consumers
         self.counts = counts
         self.reached = tuple(i for i, c in enumerate(counts) if c > 0)
         self.functions = functions
-        self._examined, self._flags = flags
+        self._watched = watched
+        self._flags = need_grad_flags(watched)
         self._inputs = None
 
     def still_valid(self):
         """Whether every flag the analysis read still reads the same (a
         parameter frozen, or ``need_grad`` set on an intermediate, since
         changes which functions are called)."""
-        return need_grad_flags(self._examined) == self._flags
+        return need_grad_flags(self._watched) == self._flags
 
     def feeds_a_called_function(self, f):
         """Whether an output of `f` is an input of a function this analysis
@@ -55,11 +56,11 @@ class BackwardGraph:
         return any(v in self._inputs for v in f.outputs)
 
 
-def need_grad_flags(functions):
-    """The flags of `functions` that decide what backward calls: each
-    function's ``need_grad`` and its inputs'."""
-    return tuple((f.need_grad, tuple(v.need_grad for v in f.inputs))
-                 for f in functions)
+def need_grad_flags(watched):
+    """The flags that decide what backward calls, of the functions and
+    inputs in `watched` ((function, inputs) pairs)."""
+    return [(f.need_grad, [v.need_grad for v in inputs])
+            for f, inputs in watched]
 
 
 def analyze(root, positions):
@@ -86,16 +87,22 @@ def analyze(root, positions):
     counts = [0] * len(positions)
     consumers = {}
     functions = []
-    examined = []  # every function opened, called or skipped
+    # Every function opened, called or skipped, with the inputs whose flag
+    # matters: intermediates (opened or not) and registered gradients'
+    # leaves. Kept as the Variables read, since making f.inputs again each
+    # iteration would cost more than the check.
+    watched = []
     stack = [root]
     opened = {root}
     while stack:
         f = stack.pop()
-        examined.append(f)
+        inputs = f.inputs
+        watched.append((f, [v for v in inputs if v.parent is not None
+                            or positions.get(v.grad) is not None]))
         if not f.need_grad:
             continue
         written = []
-        for v in f.inputs:
+        for v in inputs:
             if not v.need_grad:
                 continue  # no gradient written, nothing opened behind it
             parent = v.parent
@@ -110,5 +117,4 @@ def analyze(root, positions):
             counts[i] += 1
         consumers[f] = (len(functions), tuple(written))
         functions.append(f)
-    return BackwardGraph(consumers, counts, functions,
-                         (examined, need_grad_flags(examined)))
+    return BackwardGraph(consumers, counts, functions, watched)
