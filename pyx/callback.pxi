@@ -274,11 +274,10 @@ cdef class AllReduceCallback:
             if other.thread == thread and other.last is f and \
                     not self.positions.keys().isdisjoint(
                         (<_CallbackState>state)._positions):
-                message = ("two callbacks chained in one backward reduce "
-                           "some of the same gradients, which would be "
-                           "summed twice")
-                (<_CallbackState>state).close(message, False)
-                raise RuntimeError(message)
+                (<AllReduceCallback>other.owner)._fail(
+                    other, "two callbacks chained in one backward reduce "
+                    "some of the same gradients, which would be summed "
+                    "twice")
         return 0
 
     cdef _Backward _begin(self, f):

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 
 namespace nncomm {
@@ -9,15 +10,22 @@ namespace config {
 
 namespace {
 
-// A variable's value, and whether it parsed. Unset or empty: the default.
+// A variable's value, or the default; `error` says why a set value did not
+// parse ("" when it did, or was unset or empty).
 template <typename T> struct Setting {
   T value;
-  bool ok = true;
+  std::string error;
 };
 
 const char *env(const char *name) {
   const char *value = std::getenv(name);
   return value == nullptr || *value == '\0' ? nullptr : value;
+}
+
+template <typename T>
+Setting<T> refused(const char *name, T fallback, const char *expected) {
+  return {fallback, std::string(name) + "=" + std::getenv(name) +
+                        " (expected " + expected + ")"};
 }
 
 // A positive byte count.
@@ -29,7 +37,7 @@ Setting<size_t> bytes(const char *name, size_t fallback) {
   errno = 0;
   const unsigned long long parsed = std::strtoull(v, &end, 10);
   if (end == v || *end != '\0' || parsed == 0 || errno != 0 || *v == '-')
-    return {fallback, false};
+    return refused(name, fallback, "a positive number of bytes");
   return {static_cast<size_t>(parsed)};
 }
 
@@ -41,7 +49,7 @@ Setting<double> seconds(const char *name, double fallback) {
   char *end = nullptr;
   const double parsed = std::strtod(v, &end);
   if (end == v || *end != '\0' || !(parsed >= 0) || parsed > 1e9)
-    return {fallback, false};
+    return refused(name, fallback, "seconds, 0 for none");
   return {parsed};
 }
 
@@ -54,7 +62,7 @@ Setting<CallChecks> call_checks(const char *name) {
     return {CallChecks::kOff};
   if (s == "1")
     return {CallChecks::kEvery};
-  return {CallChecks::kNew, false};
+  return refused(name, CallChecks::kNew, "0 (no check) or 1 (every call)");
 }
 
 Setting<int> microseconds(const char *name, int fallback) {
@@ -64,7 +72,7 @@ Setting<int> microseconds(const char *name, int fallback) {
   char *end = nullptr;
   const long parsed = std::strtol(v, &end, 10);
   if (end == v || *end != '\0' || parsed < 0 || parsed > 1000000)
-    return {fallback, false};
+    return refused(name, fallback, "0 to 1000000 microseconds");
   return {static_cast<int>(parsed)};
 }
 
@@ -75,80 +83,58 @@ Setting<std::optional<Launch>> launch(const char *name) {
     return {Launch::kEager};
   if (s == "deferred")
     return {Launch::kDeferred};
-  return {std::nullopt, s == "auto"};
+  if (s == "auto")
+    return {std::nullopt};
+  return refused<std::optional<Launch>>(name, std::nullopt,
+                                        "eager, deferred or auto");
 }
 
-const Setting<size_t> &chunk() {
-  static const auto s = bytes("NNCOMM_CHUNK_BYTES", 4u << 20);
-  return s;
-}
-const Setting<size_t> &direct() {
-  static const auto s = bytes("NNCOMM_DIRECT_BYTES", 1u << 20);
-  return s;
-}
-const Setting<size_t> &huge_page() {
-  static const auto s = bytes("NNCOMM_HUGE_PAGE_BYTES", 4u << 20);
-  return s;
-}
-const Setting<CallChecks> &check() {
-  static const auto s = call_checks("NNCOMM_CHECK_CALLS");
-  return s;
-}
-const Setting<std::optional<Launch>> &launch_setting() {
-  static const auto s = launch("NNCOMM_LAUNCH");
-  return s;
-}
-const Setting<int> &poll() {
-  static const auto s = microseconds("NNCOMM_ENGINE_POLL_US", 50);
-  return s;
-}
-const Setting<double> &timeout() {
-  static const auto s = seconds("NNCOMM_TIMEOUT", 1800);
-  return s;
-}
-const Setting<size_t> &fail_allocation() {
-  static const auto s = bytes("NNCOMM_TEST_FAIL_ALLOCATION", 0);
-  return s;
-}
-const Setting<double> &stall() {
-  static const auto s = seconds("NNCOMM_STALL_WARNING", 60);
+// Every NNCOMM_* variable, read once, at first use.
+struct Settings {
+  Setting<size_t> chunk = bytes("NNCOMM_CHUNK_BYTES", 4u << 20);
+  Setting<size_t> direct = bytes("NNCOMM_DIRECT_BYTES", 1u << 20);
+  Setting<size_t> huge_page = bytes("NNCOMM_HUGE_PAGE_BYTES", 4u << 20);
+  Setting<CallChecks> check = call_checks("NNCOMM_CHECK_CALLS");
+  Setting<std::optional<Launch>> launch_at = launch("NNCOMM_LAUNCH");
+  Setting<int> poll = microseconds("NNCOMM_ENGINE_POLL_US", 50);
+  Setting<double> timeout = seconds("NNCOMM_TIMEOUT", 1800);
+  Setting<double> stall = seconds("NNCOMM_STALL_WARNING", 60);
+  Setting<size_t> fail_allocation = bytes("NNCOMM_TEST_FAIL_ALLOCATION", 0);
+};
+
+const Settings &settings() {
+  static const Settings s;
   return s;
 }
 
 } // namespace
 
 Status validate() {
+  const Settings &s = settings();
   std::string bad;
-  const auto note = [&](bool ok, const char *name, const char *expected) {
-    if (ok)
-      return;
-    bad += std::string(bad.empty() ? "" : "; ") + name + "=" +
-           std::getenv(name) + " (expected " + expected + ")";
-  };
-  note(chunk().ok, "NNCOMM_CHUNK_BYTES", "a positive number of bytes");
-  note(direct().ok, "NNCOMM_DIRECT_BYTES", "a positive number of bytes");
-  note(huge_page().ok, "NNCOMM_HUGE_PAGE_BYTES", "a positive number of bytes");
-  note(check().ok, "NNCOMM_CHECK_CALLS", "0 (no check) or 1 (every call)");
-  note(launch_setting().ok, "NNCOMM_LAUNCH", "eager, deferred or auto");
-  note(poll().ok, "NNCOMM_ENGINE_POLL_US", "0 to 1000000 microseconds");
-  note(timeout().ok, "NNCOMM_TIMEOUT", "seconds, 0 for none");
-  note(stall().ok, "NNCOMM_STALL_WARNING", "seconds, 0 for none");
-  note(fail_allocation().ok, "NNCOMM_TEST_FAIL_ALLOCATION",
-       "a positive number of bytes");
+  for (const std::string *error :
+       {&s.chunk.error, &s.direct.error, &s.huge_page.error, &s.check.error,
+        &s.launch_at.error, &s.poll.error, &s.timeout.error, &s.stall.error,
+        &s.fail_allocation.error}) {
+    if (!error->empty())
+      bad += (bad.empty() ? "" : "; ") + *error;
+  }
   if (bad.empty())
     return Status::Ok();
   return Status::InvalidArgument("invalid nncomm settings: " + bad);
 }
 
-size_t chunk_bytes() { return chunk().value; }
-size_t direct_bytes() { return direct().value; }
-size_t huge_page_bytes() { return huge_page().value; }
-CallChecks check_calls() { return check().value; }
-std::optional<Launch> engine_launch() { return launch_setting().value; }
-int engine_poll_us() { return poll().value; }
-double timeout_seconds() { return timeout().value; }
-double stall_warning_seconds() { return stall().value; }
-size_t test_fail_allocation_bytes() { return fail_allocation().value; }
+size_t chunk_bytes() { return settings().chunk.value; }
+size_t direct_bytes() { return settings().direct.value; }
+size_t huge_page_bytes() { return settings().huge_page.value; }
+CallChecks check_calls() { return settings().check.value; }
+std::optional<Launch> engine_launch() { return settings().launch_at.value; }
+int engine_poll_us() { return settings().poll.value; }
+double timeout_seconds() { return settings().timeout.value; }
+double stall_warning_seconds() { return settings().stall.value; }
+size_t test_fail_allocation_bytes() {
+  return settings().fail_allocation.value;
+}
 
 } // namespace config
 } // namespace nncomm

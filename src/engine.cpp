@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 
 #include "nncomm/collectives.hpp"
 #include "nncomm/config.hpp"

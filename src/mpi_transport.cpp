@@ -146,13 +146,18 @@ uint64_t operation(const char *kind, size_t count, DType dt, int root = 0) {
       .value();
 }
 
-Status MpiTransport::begin(uint64_t fingerprint, uint64_t phase) const {
+// Fails once a wait has failed in this process (wait.hpp).
+Status refuse_if_broken() {
   std::string reason;
   if (broken(&reason)) {
-    return Status::Communicator(
-        "nncomm can no longer communicate: " + reason +
-        "; the job is being aborted");
+    return Status::Communicator("nncomm can no longer communicate: " + reason +
+                                "; the job is being aborted");
   }
+  return Status::Ok();
+}
+
+Status MpiTransport::begin(uint64_t fingerprint, uint64_t phase) const {
+  NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
   ++at_.seq;
   at_.fingerprint = fingerprint;
   at_.phase = phase;
@@ -164,13 +169,9 @@ Status MpiTransport::check_call(uint64_t signature, bool always) const {
   if (!always && checked_.count(signature) != 0)
     return Status::Ok();
   // Every call since the last comparison is in `unchecked_`.
-  uint64_t both[2] = {unchecked_, ~unchecked_};
   NNCOMM_RETURN_IF_ERROR(begin(signature, 1));
-  MPI_Request request = MPI_REQUEST_NULL;
-  NNCOMM_MPI_CALL(MPI_Iallreduce, MPI_IN_PLACE, both, 2, MPI_UINT64_T, MPI_MAX,
-                  check_comm_, &request);
-  NNCOMM_RETURN_IF_ERROR(wait(&request, nullptr));
-  const bool same = both[0] == unchecked_ && both[1] == ~unchecked_;
+  bool same = false;
+  NNCOMM_RETURN_IF_ERROR(same_everywhere(check_comm_, unchecked_, &same));
   unchecked_ = 0; // a difference is reported once
   if (!same) {
     return Status::InvalidArgument(
@@ -291,9 +292,7 @@ Status MpiTransport::wait(MPI_Request *request, const Polling *polling) const {
 }
 
 Status MpiTransport::Create(MPI_Comm comm, std::unique_ptr<MpiTransport> *out) {
-  std::string reason;
-  if (broken(&reason))
-    return Status::Communicator("nncomm can no longer communicate: " + reason);
+  NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
   // Nonblocking, so that a rank that never comes cannot hold this one
   // forever; the waiting policy is the parent's, so waited for here.
   MPI_Comm dup = MPI_COMM_NULL;
@@ -458,12 +457,17 @@ Status MpiTransport::barrier() const {
 }
 
 Status MpiTransport::agree(uint64_t value, bool *same) const {
+  NNCOMM_RETURN_IF_ERROR(begin(operation("agree", 2, DType::kInt64)));
+  return same_everywhere(comm_, value, same);
+}
+
+Status MpiTransport::same_everywhere(MPI_Comm comm, uint64_t value,
+                                     bool *same) const {
   // max(v) == v and max(~v) == ~v hold on every rank only if all v agree.
   uint64_t both[2] = {value, ~value};
-  NNCOMM_RETURN_IF_ERROR(begin(operation("agree", 2, DType::kInt64)));
   MPI_Request request = MPI_REQUEST_NULL;
   NNCOMM_MPI_CALL(MPI_Iallreduce, MPI_IN_PLACE, both, 2, MPI_UINT64_T, MPI_MAX,
-                  comm_, &request);
+                  comm, &request);
   NNCOMM_RETURN_IF_ERROR(wait(&request, nullptr));
   *same = both[0] == value && both[1] == ~value;
   return Status::Ok();

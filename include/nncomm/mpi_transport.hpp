@@ -122,6 +122,9 @@ private:
   Status Init(MPI_Request *created);
   // Waits for `*request`, the next step of the operation `begin()` opened.
   Status wait(MPI_Request *request, const Polling *polling) const;
+  // Sets `*same` to whether every rank passed the same `value`, compared
+  // on `comm` (this transport's, or the one kept for check_call()).
+  Status same_everywhere(MPI_Comm comm, uint64_t value, bool *same) const;
   // Opens the next operation, whose `fingerprint` (kind, count, dtype,
   // root) the stall reports carry: fails at once after an earlier failed
   // wait. `phase` 1: the check of a call (check_call()).
