@@ -10,7 +10,7 @@ cdef extern from "nncomm/status.hpp" namespace "nncomm" nogil:
     enum class StatusCode(int):
         kOk
         kInvalidArgument
-        kMpiError
+        kTransport
         kOutOfMemory
         kRuntimeError
         kCommunicator

@@ -1,37 +1,38 @@
 #include "nncomm/mpi_transport.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
 #include <cstdio>
+#include <functional>
 #include <sstream>
 #include <string>
-#include <thread>
 
 #include "nncomm/bfloat16.hpp"
 #include "nncomm/config.hpp"
 #include "nncomm/fingerprint.hpp"
 #include "nncomm/host_memory.hpp"
+#include "nncomm/host_ops.hpp"
 #include "nncomm/wait.hpp"
 
 namespace nncomm {
 
-Status Status::Mpi(int mpi_error, const char *call) {
+namespace {
+
+// `call` failed with `mpi_error`: the message carries MPI's own words.
+Status mpi_failure(int mpi_error, const char *call) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   if (MPI_Error_string(mpi_error, text, &length) != MPI_SUCCESS)
     length = 0;
-  return Status(StatusCode::kMpiError,
-                std::string(call) + " failed: " + std::string(text, length));
+  return Status::Transport(std::string(call) + " failed: " +
+                           std::string(text, length));
 }
-
-namespace {
 
 #define NNCOMM_MPI_CALL(fn, ...)                                               \
   do {                                                                         \
     int _nncomm_err = fn(__VA_ARGS__);                                         \
     if (_nncomm_err != MPI_SUCCESS)                                            \
-      return Status::Mpi(_nncomm_err, #fn);                                    \
+      return mpi_failure(_nncomm_err, #fn);                                    \
   } while (0)
 
 // MPI has no 16-bit float sums. Each step widens to float, adds, and rounds
@@ -63,7 +64,7 @@ template <typename T> Status narrow_sum_op(MPI_Op *op) {
   static MPI_Op created_op = MPI_OP_NULL;
   static int created = MPI_Op_create(&narrow_sum<T>, 1, &created_op);
   if (created != MPI_SUCCESS)
-    return Status::Mpi(created, "MPI_Op_create");
+    return mpi_failure(created, "MPI_Op_create");
   *op = created_op;
   return Status::Ok();
 }
@@ -85,29 +86,6 @@ size_t chunk_elements(DType dt) {
   return std::max<size_t>(1, std::min<size_t>(elems, INT_MAX));
 }
 
-// Runs `reduce_piece(piece, n)` over `buf` a chunk at a time. Large buffers
-// are moved onto huge pages first (host_memory.hpp).
-template <typename ReducePiece>
-Status for_each_chunk(void *buf, size_t count, DType dt,
-                      ReducePiece reduce_piece) {
-  const size_t bytes = count * dtype_size(dt);
-  if (bytes >= config::huge_page_bytes())
-    prefer_huge_pages(buf, bytes);
-  const size_t step = chunk_elements(dt);
-  char *base = static_cast<char *>(buf);
-  for (size_t done = 0; done < count; done += step) {
-    const int n = static_cast<int>(std::min(step, count - done));
-    NNCOMM_RETURN_IF_ERROR(reduce_piece(base + done * dtype_size(dt), n));
-  }
-  return Status::Ok();
-}
-
-thread_local const OperationLabel *operation_label = nullptr;
-
-// Tests made back to back before a wait starts yielding and looking at
-// the clock: about 5 µs on a 2-rank shared-memory job.
-constexpr int kSpinTests = 64;
-
 std::string rank_list(const std::vector<int> &ranks) {
   std::ostringstream out;
   out << "[";
@@ -115,24 +93,6 @@ std::string rank_list(const std::vector<int> &ranks) {
     out << (i ? ", " : "") << ranks[i];
   out << "]";
   return out.str();
-}
-
-} // namespace
-
-OperationLabel::OperationLabel(const char *format, size_t a, size_t b)
-    : format_(format), a_(a), b_(b), previous_(operation_label) {
-  operation_label = this;
-}
-
-OperationLabel::~OperationLabel() { operation_label = previous_; }
-
-std::string OperationLabel::current() {
-  if (operation_label == nullptr)
-    return "an operation";
-  char text[256];
-  std::snprintf(text, sizeof text, operation_label->format_,
-                operation_label->a_, operation_label->b_);
-  return text;
 }
 
 // What the stall reports say a rank is doing: the same on every rank making
@@ -146,17 +106,108 @@ uint64_t operation(const char *kind, size_t count, DType dt, int root = 0) {
       .value();
 }
 
-// Fails once a wait has failed in this process (wait.hpp).
-Status refuse_if_broken() {
-  std::string reason;
-  if (broken(&reason)) {
-    return Status::Communicator("nncomm can no longer communicate: " + reason +
-                                "; the job is being aborted");
+void abort_world(const char *reason) {
+  int rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::fprintf(stderr, "nncomm: world rank %d is aborting the job: %s\n",
+               rank, reason);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+} // namespace
+
+// One operation: a nonblocking MPI call per piece of its buffer, each
+// started once the one before has completed.
+class MpiTransport::Pieces : public Work {
+public:
+  // Starts piece `i`'s call, returning MPI's error code.
+  using Start = std::function<int(size_t i, MPI_Request *request)>;
+  // Runs on piece `i` once its call has completed.
+  using Finish = std::function<void(size_t i)>;
+
+  Pieces(const MpiTransport &transport, const char *call, size_t pieces,
+         Start start, Finish finish = nullptr)
+      : transport_(transport), at_(transport.at_), call_(call),
+        pieces_(pieces), start_(std::move(start)),
+        finish_(std::move(finish)) {}
+
+  Status begin() { return start_piece(); }
+
+  Status test(bool *done) override {
+    *done = false;
+    int complete = 0;
+    NNCOMM_MPI_CALL(MPI_Test, &request_, &complete, MPI_STATUS_IGNORE);
+    if (!complete)
+      return Status::Ok();
+    if (finish_)
+      finish_(piece_);
+    if (++piece_ < pieces_)
+      return start_piece();
+    *done = true;
+    return Status::Ok();
   }
+
+  Stall inspect() override {
+    Stall stall;
+    StallInspector *inspector = transport_.inspector_.get();
+    if (inspector == nullptr)
+      return stall;
+    inspector->arrived(at_);
+    stall.known = true;
+    stall.missing = inspector->missing(at_);
+    stall.differing = inspector->differing(at_);
+    return stall;
+  }
+
+  std::string describe() const override {
+    std::string text = "operation " + std::to_string(at_.seq);
+    if (transport_.inspector_) {
+      text += " on the group of world ranks " +
+              rank_list(transport_.inspector_->world_ranks());
+    }
+    return text;
+  }
+
+private:
+  Status start_piece() {
+    const int err = start_(piece_, &request_);
+    if (err != MPI_SUCCESS)
+      return mpi_failure(err, call_);
+    return Status::Ok();
+  }
+
+  const MpiTransport &transport_;
+  const StallInspector::Position at_;
+  const char *call_;
+  const size_t pieces_;
+  const Start start_;
+  const Finish finish_;
+  size_t piece_ = 0;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+};
+
+namespace {
+
+// Hands out `pieces` once it started, or the failure to start it.
+Status started(std::unique_ptr<Work> pieces, Status begun, WorkPtr *work) {
+  NNCOMM_RETURN_IF_ERROR(begun);
+  *work = std::move(pieces);
   return Status::Ok();
 }
 
-Status MpiTransport::begin(uint64_t fingerprint, uint64_t phase) const {
+// Elements of piece `i` of `count` split into pieces of `step`.
+int piece_count(size_t i, size_t step, size_t count) {
+  return static_cast<int>(std::min(step, count - i * step));
+}
+
+size_t pieces_of(size_t count, size_t step) {
+  return std::max<size_t>(1, (count + step - 1) / step);
+}
+
+} // namespace
+
+Status MpiTransport::begin(uint64_t fingerprint, uint64_t phase) {
   NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
   ++at_.seq;
   at_.fingerprint = fingerprint;
@@ -164,7 +215,7 @@ Status MpiTransport::begin(uint64_t fingerprint, uint64_t phase) const {
   return Status::Ok();
 }
 
-Status MpiTransport::check_call(uint64_t signature, bool always) const {
+Status MpiTransport::check_call(uint64_t signature, bool always) {
   unchecked_ = Fingerprint().add(unchecked_).add(signature).value();
   if (!always && checked_.count(signature) != 0)
     return Status::Ok();
@@ -188,111 +239,9 @@ Status MpiTransport::check_call(uint64_t signature, bool always) const {
   return Status::Ok();
 }
 
-Status MpiTransport::wait(MPI_Request *request, const Polling *polling) const {
-  using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
-  const double timeout = config::timeout_seconds();
-  const double stall = config::stall_warning_seconds();
-  const auto after = [&](double seconds) {
-    return start + std::chrono::duration_cast<clock::duration>(
-                       std::chrono::duration<double>(seconds));
-  };
-  auto next_look = after(StallInspector::kArrivalReportSeconds);
-  // Late enough for the other waiting ranks' first reports to be in.
-  auto next_warning =
-      after(std::max(stall, 2 * StallInspector::kArrivalReportSeconds));
-  auto next_signals = after(0.1);
-  // Most operations of a healthy job complete within a few tests: those
-  // are made back to back, before any clock read or yield.
-  for (int spin = 0; spin < kSpinTests; ++spin) {
-    int done = 0;
-    NNCOMM_MPI_CALL(MPI_Test, request, &done, MPI_STATUS_IGNORE);
-    if (done)
-      return Status::Ok();
-  }
-  for (;;) {
-    int done = 0;
-    NNCOMM_MPI_CALL(MPI_Test, request, &done, MPI_STATUS_IGNORE);
-    if (done)
-      return Status::Ok();
-    if (polling != nullptr && polling->cancel != nullptr &&
-        polling->cancel->load()) {
-      mark_broken("a wait for other ranks was cancelled", false);
-      return Status::Communicator("the wait for other ranks was cancelled");
-    }
-    const auto now = clock::now();
-    if (polling == nullptr && now >= next_signals) {
-      next_signals = now + std::chrono::milliseconds(100);
-      if (interrupted()) {
-        mark_broken("a wait was interrupted (" + OperationLabel::current() +
-                        ")",
-                    false);
-        return Status::Interrupted();
-      }
-    }
-    if (now >= next_look) {
-      next_look = now + std::chrono::milliseconds(200);
-      if (inspector_) {
-        inspector_->arrived(at_);
-        const std::vector<int> other = inspector_->differing(at_);
-        if (!other.empty()) {
-          // This operation can never complete.
-          const std::string message =
-              "the ranks of this group make different calls: " +
-              OperationLabel::current() + " (operation " +
-              std::to_string(at_.seq) + ") here, another call on world ranks " +
-              rank_list(other);
-          mark_broken(message, true);
-          return Status::InvalidArgument(message);
-        }
-      }
-      const double waited = std::chrono::duration<double>(now - start).count();
-      const bool timed_out = timeout > 0 && waited >= timeout;
-      const bool warn = stall > 0 && now >= next_warning && rank_ == 0;
-      if (timed_out || warn) {
-        const std::vector<int> missing =
-            inspector_ ? inspector_->missing(at_) : std::vector<int>();
-        std::ostringstream what;
-        what << OperationLabel::current() << " (operation " << at_.seq;
-        if (inspector_)
-          what << " on the group of world ranks "
-               << rank_list(inspector_->world_ranks());
-        what << ")";
-        if (timed_out) {
-          std::ostringstream message;
-          message << what.str() << " did not complete in " << timeout
-                  << " s (NNCOMM_TIMEOUT): ";
-          if (inspector_)
-            message << "world ranks " << rank_list(missing)
-                    << " never arrived (stopped, dead or in another call?)";
-          else
-            message << "not every rank arrived";
-          mark_broken(message.str(), true);
-          return Status::Communicator(message.str());
-        }
-        next_warning = now + std::chrono::duration_cast<clock::duration>(
-                                 std::chrono::duration<double>(stall));
-        std::fprintf(stderr,
-                     "nncomm: stalled for %.0f s in %s: waiting for world "
-                     "ranks %s\n",
-                     waited, what.str().c_str(), rank_list(missing).c_str());
-        std::fflush(stderr);
-      }
-    }
-    if (polling == nullptr ||
-        (polling->hurry != nullptr && polling->hurry->load())) {
-      // Only a process waiting for its core (more ranks than cores) gets
-      // it; otherwise the test comes again at once.
-      std::this_thread::yield();
-    } else if (polling->interval_us > 0) {
-      std::this_thread::sleep_for(
-          std::chrono::microseconds(polling->interval_us));
-    }
-  }
-}
-
 Status MpiTransport::Create(MPI_Comm comm, std::unique_ptr<MpiTransport> *out) {
   NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
+  set_job_abort(abort_world);
   // Nonblocking, so that a rank that never comes cannot hold this one
   // forever; the waiting policy is the parent's, so waited for here.
   MPI_Comm dup = MPI_COMM_NULL;
@@ -315,13 +264,13 @@ Status MpiTransport::CreateGroup(const MpiTransport &parent,
                            ranks.data(), &group);
   MPI_Group_free(&parent_group);
   if (err != MPI_SUCCESS)
-    return Status::Mpi(err, "MPI_Group_incl");
+    return mpi_failure(err, "MPI_Group_incl");
   // Blocking: MPI has no nonblocking form. The caller has met every rank of
   // the parent first (a bounded barrier), so every member is here.
   err = MPI_Comm_create_group(parent.comm_, group, 0, &comm);
   MPI_Group_free(&group);
   if (err != MPI_SUCCESS)
-    return Status::Mpi(err, "MPI_Comm_create_group");
+    return mpi_failure(err, "MPI_Comm_create_group");
   std::unique_ptr<MpiTransport> transport(new MpiTransport(comm));
   NNCOMM_RETURN_IF_ERROR(transport->Init(nullptr));
   *out = std::move(transport);
@@ -333,8 +282,16 @@ Status MpiTransport::Init(MPI_Request *created) {
     // A communicator being created has no ranks to report stalls to yet.
     OperationLabel label("creating a communicator");
     Status status = begin(operation("create", 0, DType::kInt64));
-    if (status.ok())
-      status = wait(created, nullptr);
+    if (status.ok()) {
+      Pieces creation(*this, "MPI_Comm_idup", 1,
+                      [created](size_t, MPI_Request *request) {
+                        *request = *created;
+                        return MPI_SUCCESS;
+                      });
+      status = creation.begin();
+      if (status.ok())
+        status = wait_for(creation, false, nullptr);
+    }
     if (!status.ok()) {
       // Never completed: freeing it would be erroneous.
       comm_ = MPI_COMM_NULL;
@@ -360,7 +317,7 @@ Status MpiTransport::Init(MPI_Request *created) {
   if (world != MPI_GROUP_NULL)
     MPI_Group_free(&world);
   if (err != MPI_SUCCESS)
-    return Status::Mpi(err, "MPI_Group_translate_ranks");
+    return mpi_failure(err, "MPI_Group_translate_ranks");
   inspector_.reset(new StallInspector(comm_, rank_, std::move(world_ranks)));
   // Every member is here by now (the communicator is complete).
   NNCOMM_MPI_CALL(MPI_Comm_dup, comm_, &check_comm_);
@@ -370,7 +327,7 @@ Status MpiTransport::Init(MPI_Request *created) {
   err = MPI_Comm_rank(node, &local_rank_);
   MPI_Comm_free(&node);
   if (err != MPI_SUCCESS)
-    return Status::Mpi(err, "MPI_Comm_rank");
+    return mpi_failure(err, "MPI_Comm_rank");
   return Status::Ok();
 }
 
@@ -384,91 +341,139 @@ MpiTransport::~MpiTransport() {
     MPI_Comm_free(&comm_);
 }
 
-Status MpiTransport::allreduce(void *buf, size_t count, DType dt,
-                               const Polling *polling, const PieceFn &before,
-                               const PieceFn &after) const {
+Status MpiTransport::start_allreduce(void *buf, size_t count, DType dt,
+                                     float scale, int divisor,
+                                     WorkPtr *work) {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
   NNCOMM_RETURN_IF_ERROR(begin(operation("allreduce", count, dt)));
-  return for_each_chunk(buf, count, dt, [&](char *piece, int n) {
-    if (before)
-      before(piece, static_cast<size_t>(n));
-    MPI_Request request = MPI_REQUEST_NULL;
-    NNCOMM_MPI_CALL(MPI_Iallreduce, MPI_IN_PLACE, piece, n, mpi_type(dt), op,
-                    comm_, &request);
-    NNCOMM_RETURN_IF_ERROR(wait(&request, polling));
-    if (after)
-      after(piece, static_cast<size_t>(n));
-    return Status::Ok();
-  });
+  const size_t bytes = count * dtype_size(dt);
+  if (bytes >= config::huge_page_bytes())
+    prefer_huge_pages(buf, bytes);
+  const size_t step = chunk_elements(dt);
+  char *base = static_cast<char *>(buf);
+  const size_t size = dtype_size(dt);
+  const MPI_Comm comm = comm_;
+  // This rank's share is scaled where it lies and the sum overwrites it,
+  // piece by piece, next to the piece's reduction.
+  std::unique_ptr<Pieces> pieces(new Pieces(
+      *this, "MPI_Iallreduce", pieces_of(count, step),
+      [=](size_t i, MPI_Request *request) {
+        char *piece = base + i * step * size;
+        const int n = piece_count(i, step, count);
+        if (scale != 1.0f)
+          convert_scaled(piece, dt, piece, dt, n, scale, 1);
+        return MPI_Iallreduce(MPI_IN_PLACE, piece, n, mpi_type(dt), op, comm,
+                              request);
+      },
+      [=](size_t i) {
+        if (divisor != 1) {
+          char *piece = base + i * step * size;
+          convert_scaled(piece, dt, piece, dt, piece_count(i, step, count),
+                         1.0f, divisor);
+        }
+      }));
+  Status begun = pieces->begin();
+  return started(std::move(pieces), begun, work);
 }
 
-Status MpiTransport::reduce(void *buf, size_t count, DType dt, int root) const {
+Status MpiTransport::start_reduce(void *buf, size_t count, DType dt, int root,
+                                  WorkPtr *work) {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
   NNCOMM_RETURN_IF_ERROR(begin(operation("reduce", count, dt, root)));
   const bool is_root = rank_ == root;
-  return for_each_chunk(buf, count, dt, [&](char *piece, int n) {
-    // Only the root receives; the others' buffers stay as they are.
-    MPI_Request request = MPI_REQUEST_NULL;
-    NNCOMM_MPI_CALL(MPI_Ireduce, is_root ? MPI_IN_PLACE : piece,
-                    is_root ? piece : nullptr, n, mpi_type(dt), op, root,
-                    comm_, &request);
-    return wait(&request, nullptr);
-  });
+  const size_t step = chunk_elements(dt);
+  char *base = static_cast<char *>(buf);
+  const size_t size = dtype_size(dt);
+  const MPI_Comm comm = comm_;
+  std::unique_ptr<Pieces> pieces(new Pieces(
+      *this, "MPI_Ireduce", pieces_of(count, step),
+      [=](size_t i, MPI_Request *request) {
+        char *piece = base + i * step * size;
+        // Only the root receives; the others' buffers stay as they are.
+        return MPI_Ireduce(is_root ? MPI_IN_PLACE : piece,
+                           is_root ? piece : nullptr,
+                           piece_count(i, step, count), mpi_type(dt), op,
+                           root, comm, request);
+      }));
+  Status begun = pieces->begin();
+  return started(std::move(pieces), begun, work);
 }
 
-Status MpiTransport::bcast(void *buf, size_t count, DType dt, int root) const {
+Status MpiTransport::start_bcast(void *buf, size_t count, DType dt, int root,
+                                 WorkPtr *work) {
   NNCOMM_RETURN_IF_ERROR(begin(operation("bcast", count, dt, root)));
-  MPI_Request request = MPI_REQUEST_NULL;
-  NNCOMM_MPI_CALL(MPI_Ibcast_c, buf, static_cast<MPI_Count>(count),
-                  mpi_type(dt), root, comm_, &request);
-  return wait(&request, nullptr);
+  const MPI_Comm comm = comm_;
+  std::unique_ptr<Pieces> pieces(
+      new Pieces(*this, "MPI_Ibcast_c", 1, [=](size_t, MPI_Request *request) {
+        return MPI_Ibcast_c(buf, static_cast<MPI_Count>(count), mpi_type(dt),
+                            root, comm, request);
+      }));
+  Status begun = pieces->begin();
+  return started(std::move(pieces), begun, work);
 }
 
-Status MpiTransport::allgather(const void *send, void *recv, size_t count,
-                               DType dt) const {
+Status MpiTransport::start_allgather(const void *send, void *recv,
+                                     size_t count, DType dt, WorkPtr *work) {
   NNCOMM_RETURN_IF_ERROR(begin(operation("allgather", count, dt)));
-  MPI_Request request = MPI_REQUEST_NULL;
-  NNCOMM_MPI_CALL(MPI_Iallgather_c, send, static_cast<MPI_Count>(count),
-                  mpi_type(dt), recv, static_cast<MPI_Count>(count),
-                  mpi_type(dt), comm_, &request);
-  return wait(&request, nullptr);
+  const MPI_Comm comm = comm_;
+  std::unique_ptr<Pieces> pieces(new Pieces(
+      *this, "MPI_Iallgather_c", 1, [=](size_t, MPI_Request *request) {
+        return MPI_Iallgather_c(send, static_cast<MPI_Count>(count),
+                                mpi_type(dt), recv,
+                                static_cast<MPI_Count>(count), mpi_type(dt),
+                                comm, request);
+      }));
+  Status begun = pieces->begin();
+  return started(std::move(pieces), begun, work);
 }
 
-Status MpiTransport::reduce_scatter(const void *send, void *recv, size_t count,
-                                    DType dt) const {
+Status MpiTransport::start_reduce_scatter(const void *send, void *recv,
+                                          size_t count, DType dt,
+                                          WorkPtr *work) {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
   NNCOMM_RETURN_IF_ERROR(begin(operation("reduce_scatter", count, dt)));
-  MPI_Request request = MPI_REQUEST_NULL;
-  NNCOMM_MPI_CALL(MPI_Ireduce_scatter_block_c, send, recv,
-                  static_cast<MPI_Count>(count), mpi_type(dt), op, comm_,
-                  &request);
-  return wait(&request, nullptr);
+  const MPI_Comm comm = comm_;
+  std::unique_ptr<Pieces> pieces(new Pieces(
+      *this, "MPI_Ireduce_scatter_block_c", 1,
+      [=](size_t, MPI_Request *request) {
+        return MPI_Ireduce_scatter_block_c(send, recv,
+                                           static_cast<MPI_Count>(count),
+                                           mpi_type(dt), op, comm, request);
+      }));
+  Status begun = pieces->begin();
+  return started(std::move(pieces), begun, work);
 }
 
-Status MpiTransport::barrier() const {
-  OperationLabel label("barrier");
+Status MpiTransport::start_barrier(WorkPtr *work) {
   NNCOMM_RETURN_IF_ERROR(begin(operation("barrier", 0, DType::kInt64)));
-  MPI_Request request = MPI_REQUEST_NULL;
-  NNCOMM_MPI_CALL(MPI_Ibarrier, comm_, &request);
-  return wait(&request, nullptr);
+  const MPI_Comm comm = comm_;
+  std::unique_ptr<Pieces> pieces(
+      new Pieces(*this, "MPI_Ibarrier", 1, [=](size_t, MPI_Request *request) {
+        return MPI_Ibarrier(comm, request);
+      }));
+  Status begun = pieces->begin();
+  return started(std::move(pieces), begun, work);
 }
 
-Status MpiTransport::agree(uint64_t value, bool *same) const {
+Status MpiTransport::agree(uint64_t value, bool *same) {
   NNCOMM_RETURN_IF_ERROR(begin(operation("agree", 2, DType::kInt64)));
   return same_everywhere(comm_, value, same);
 }
 
 Status MpiTransport::same_everywhere(MPI_Comm comm, uint64_t value,
-                                     bool *same) const {
+                                     bool *same) {
   // max(v) == v and max(~v) == ~v hold on every rank only if all v agree.
   uint64_t both[2] = {value, ~value};
-  MPI_Request request = MPI_REQUEST_NULL;
-  NNCOMM_MPI_CALL(MPI_Iallreduce, MPI_IN_PLACE, both, 2, MPI_UINT64_T, MPI_MAX,
-                  comm, &request);
-  NNCOMM_RETURN_IF_ERROR(wait(&request, nullptr));
+  Pieces round(*this, "MPI_Iallreduce", 1,
+               [&both, comm](size_t, MPI_Request *request) {
+                 return MPI_Iallreduce(MPI_IN_PLACE, both, 2, MPI_UINT64_T,
+                                       MPI_MAX, comm, request);
+               });
+  NNCOMM_RETURN_IF_ERROR(round.begin());
+  NNCOMM_RETURN_IF_ERROR(wait_for(round, rank_ == 0, nullptr));
   *same = both[0] == value && both[1] == ~value;
   return Status::Ok();
 }

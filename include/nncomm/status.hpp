@@ -12,7 +12,9 @@ namespace nncomm {
 enum class StatusCode : int {
   kOk = 0,
   kInvalidArgument = 1, // raised as ValueError
-  kMpiError = 2,        // raised as RuntimeError carrying MPI's error string
+  // The transport (MPI, NCCL, CUDA) failed: raised as RuntimeError carrying
+  // its own error string.
+  kTransport = 2,
   kOutOfMemory = 3,     // raised as MemoryError
   kRuntimeError = 4,    // raised as RuntimeError
   // The ranks can no longer communicate: a wait timed out, or an earlier
@@ -42,8 +44,9 @@ public:
   static Status Interrupted() {
     return Status(StatusCode::kInterrupted, "interrupted");
   }
-  // `call` names the MPI function; the message gets MPI's own error string.
-  static Status Mpi(int mpi_error, const char *call);
+  static Status Transport(std::string msg) {
+    return Status(StatusCode::kTransport, std::move(msg));
+  }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

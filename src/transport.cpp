@@ -1,0 +1,53 @@
+#include "nncomm/transport.hpp"
+
+#include "nncomm/wait.hpp"
+
+namespace nncomm {
+
+namespace {
+// Waits for the operation `started` opened, as `polling` says.
+Status complete(const Transport &transport, Status started, WorkPtr &work,
+                const Polling *polling = nullptr) {
+  NNCOMM_RETURN_IF_ERROR(started);
+  return wait_for(*work, transport.rank() == 0, polling);
+}
+} // namespace
+
+Status Transport::allreduce(void *buf, size_t count, DType dt, float scale,
+                            int divisor, const Polling *polling) {
+  WorkPtr work;
+  return complete(*this,
+                  start_allreduce(buf, count, dt, scale, divisor, &work), work,
+                  polling);
+}
+
+Status Transport::reduce(void *buf, size_t count, DType dt, int root) {
+  WorkPtr work;
+  return complete(*this, start_reduce(buf, count, dt, root, &work), work);
+}
+
+Status Transport::bcast(void *buf, size_t count, DType dt, int root) {
+  WorkPtr work;
+  return complete(*this, start_bcast(buf, count, dt, root, &work), work);
+}
+
+Status Transport::allgather(const void *send, void *recv, size_t count,
+                            DType dt) {
+  WorkPtr work;
+  return complete(*this, start_allgather(send, recv, count, dt, &work), work);
+}
+
+Status Transport::reduce_scatter(const void *send, void *recv, size_t count,
+                                 DType dt) {
+  WorkPtr work;
+  return complete(*this, start_reduce_scatter(send, recv, count, dt, &work),
+                  work);
+}
+
+Status Transport::barrier() {
+  OperationLabel label("barrier");
+  WorkPtr work;
+  return complete(*this, start_barrier(&work), work);
+}
+
+} // namespace nncomm
