@@ -3,14 +3,14 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "nncomm/collectives.hpp"
 #include "nncomm/config.hpp"
 
 namespace nncomm {
 
-Engine::Engine(std::unique_ptr<MpiTransport> transport, size_t num_tensors,
+Engine::Engine(std::unique_ptr<Transport> transport,
+               std::unique_ptr<BucketRunner> runner, size_t num_tensors,
                std::vector<Bucket> plan, int poll_us)
-    : transport_(std::move(transport)),
+    : transport_(std::move(transport)), runner_(std::move(runner)),
       plan_(std::move(plan)), polling_{poll_us, &hurry_, &cancel_},
       buckets_of_(num_tensors), pending_(plan_.size()),
       ptrs_(num_tensors, nullptr), dtypes_(num_tensors, DType::kFloat32),
@@ -35,12 +35,8 @@ Engine::~Engine() {
 }
 
 Status Engine::prepare() {
-  size_t bytes = 0;
-  for (const Bucket &b : plan_)
-    bytes = std::max(bytes, b.count * dtype_size(b.dtype));
-  char *unused = nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
-  return staging_.reserve(bytes, &unused);
+  return runner_->prepare(plan_);
 }
 
 Status Engine::begin(float scale, int divisor) {
@@ -71,13 +67,21 @@ Status Engine::begin(float scale, int divisor) {
 void Engine::mark_ready(size_t tensor, void *ptr, DType dtype) {
   bool wake = false;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     if (!active_ || failed_here_)
       return;
     ptrs_[tensor] = ptr;
     dtypes_[tensor] = dtype;
     for (size_t b : buckets_of_[tensor]) {
       const bool last = --pending_[b] == 0;
+      if (last) {
+        const Status status = runner_->ready(b);
+        if (!status.ok()) {
+          lock.unlock();
+          fail(status.message());
+          return;
+        }
+      }
       ready_ += last;
       wake = wake || (last && (b == next_ || ready_ == plan_.size()));
     }
@@ -114,6 +118,9 @@ Status Engine::finish() {
       return Status::Interrupted();
     }
   }
+  // Whatever happened, the framework's later work must not overtake what
+  // was written back.
+  const Status closed = runner_->close();
   if (failed_here_)
     return Status::RuntimeError(failure_);
   if (!error_.ok())
@@ -123,7 +130,7 @@ Status Engine::finish() {
         "another rank of the group failed during this backward; the "
         "gradients were not all-reduced");
   }
-  return Status::Ok();
+  return closed;
 }
 
 void Engine::run() {
@@ -166,7 +173,7 @@ void Engine::run() {
     lock.lock();
     if (status.ok()) {
       ++next_;
-    } else if (!failed && status.code() != StatusCode::kMpiError &&
+    } else if (!failed && status.code() != StatusCode::kTransport &&
                status.code() != StatusCode::kCommunicator) {
       // A failure of this rank alone: the bucket and the rest go out as
       // zeros and the flag round tells the other ranks.
@@ -190,7 +197,8 @@ Status Engine::close_iteration(bool failed, bool *any_failed, double *seconds) {
       failed ? 1 : 0,
       std::chrono::duration_cast<std::chrono::microseconds>(elapsed).count()};
   NNCOMM_RETURN_IF_ERROR(
-      transport_->allreduce(round, 2, DType::kInt64, &polling_));
+      transport_->host().allreduce(round, 2, DType::kInt64, 1.0f, 1,
+                                   &polling_));
   *any_failed = round[0] > 0;
   *seconds = static_cast<double>(round[1]) * 1e-6;
   return Status::Ok();
@@ -202,39 +210,13 @@ Launch Engine::launch(bool *decided) {
   return tuner_.next();
 }
 
-Status Engine::reduce_direct(const Bucket &bucket) {
-  const Segment &s = bucket.segments[0];
-  char *ptr = static_cast<char *>(ptrs_[s.tensor]);
-  return reduce_in_place(*transport_,
-                         ptr + s.tensor_offset * dtype_size(bucket.dtype),
-                         s.count, bucket.dtype, scale_, divisor_, &polling_);
-}
-
 Status Engine::reduce_bucket(size_t b, bool failed) {
-  const Bucket &bucket = plan_[b];
-  if (bucket.direct && !failed && ptrs_[bucket.segments[0].tensor] != nullptr &&
-      dtypes_[bucket.segments[0].tensor] == bucket.dtype)
-    return reduce_direct(bucket);
-  // Through the staging buffer: a failed rank, or a gradient never written
-  // here, sends zeros; a gradient whose dtype is not the planned one is
-  // converted into and out of the bucket's, so the MPI call stays the one
-  // every rank planned.
-  segments_.clear();
-  for (const Segment &s : bucket.segments) {
-    segments_.push_back({failed ? nullptr : ptrs_[s.tensor], dtypes_[s.tensor],
-                         s.tensor_offset, s.count});
-  }
-  NNCOMM_RETURN_IF_ERROR(build_pack_table(segments_.data(), segments_.size(),
-                                          bucket.dtype, &table_));
-  char *buffer = nullptr;
-  NNCOMM_RETURN_IF_ERROR(
-      staging_.reserve(table_.count * dtype_size(bucket.dtype), &buffer));
-  NNCOMM_RETURN_IF_ERROR(pack_host(table_, buffer, bucket.dtype, scale_));
-  NNCOMM_RETURN_IF_ERROR(
-      transport_->allreduce(buffer, table_.count, bucket.dtype, &polling_));
-  if (failed)
-    return Status::Ok();
-  return unpack_host(table_, buffer, bucket.dtype, 1.0f, divisor_);
+  WorkPtr work;
+  NNCOMM_RETURN_IF_ERROR(runner_->start(b, plan_[b],
+                                        TensorTable{ptrs_, dtypes_}, scale_,
+                                        divisor_, failed, &work));
+  NNCOMM_RETURN_IF_ERROR(wait_for(*work, transport_->rank() == 0, &polling_));
+  return runner_->finish();
 }
 
 } // namespace nncomm

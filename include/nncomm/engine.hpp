@@ -3,14 +3,10 @@
 //
 // The framework adapter (pyx/callback.pxi) calls mark_ready() as each
 // gradient becomes final. The engine's thread launches buckets strictly in
-// plan order, so every rank issues the same MPI calls whatever order its
+// plan order, so every rank issues the same calls whatever order its
 // gradients finish in: it waits until the next bucket's tensors are all
-// ready, packs them into its one staging buffer (times `scale`, converted to
-// the bucket's dtype), all-reduces it, and unpacks the sum (divided by
-// `divisor`) back into the gradients.
-//
-// Direct buckets (one piece of one tensor, see bucket_plan.hpp) are scaled,
-// reduced and divided where they lie.
+// ready and has its BucketRunner reduce it (times `scale`, summed, divided
+// by `divisor`), waiting on the transport as its Polling says.
 //
 // Buckets go out as soon as they are ready, or all once the last is ready,
 // as the LaunchTuner says; either way in plan order.
@@ -33,11 +29,10 @@
 #include <vector>
 
 #include "nncomm/bucket_plan.hpp"
-#include "nncomm/fusion_buffer.hpp"
+#include "nncomm/bucket_runner.hpp"
 #include "nncomm/launch_tuner.hpp"
-#include "nncomm/mpi_transport.hpp"
-#include "nncomm/pack.hpp"
 #include "nncomm/status.hpp"
+#include "nncomm/transport.hpp"
 #include "nncomm/wait.hpp"
 
 namespace nncomm {
@@ -46,17 +41,18 @@ class Engine {
 public:
   // Starts the thread, which communicates on `transport` alone (give each
   // engine its own communicator: two engines on one would interleave their
-  // collectives differently on different ranks). `plan` covers
-  // `num_tensors` tensors by index.
-  Engine(std::unique_ptr<MpiTransport> transport, size_t num_tensors,
+  // collectives differently on different ranks), reducing buckets with
+  // `runner` (which works on `transport`). `plan` covers `num_tensors`
+  // tensors by index.
+  Engine(std::unique_ptr<Transport> transport,
+         std::unique_ptr<BucketRunner> runner, size_t num_tensors,
          std::vector<Bucket> plan, int poll_us);
   ~Engine();
   Engine(const Engine &) = delete;
   Engine &operator=(const Engine &) = delete;
 
-  // Allocates the staging buffer for the largest bucket, once, so that no
-  // iteration allocates: a rank whose allocation failed half-way could only
-  // send zeros. Call before the first begin().
+  // Has the runner allocate for the largest bucket (BucketRunner::prepare).
+  // Call before the first begin().
   Status prepare();
   // Starts an iteration: every tensor of the plan is pending again. Fails
   // while the previous iteration is under way (finish() ends it).
@@ -78,24 +74,19 @@ public:
 
 private:
   void run();
-  // Pack, all-reduce and unpack bucket `b`; `failed` sends zeros instead.
+  // Reduces bucket `b`; `failed` sends zeros instead.
   Status reduce_bucket(size_t b, bool failed);
-  // A direct bucket whose tensor is here in the planned dtype, in place.
-  Status reduce_direct(const Bucket &bucket);
   // The round after the last bucket: did any rank fail, and how long did
   // the iteration take on all ranks together (for the tuner)?
   Status close_iteration(bool failed, bool *any_failed, double *seconds);
 
-  const std::unique_ptr<MpiTransport> transport_;
+  const std::unique_ptr<Transport> transport_;
+  const std::unique_ptr<BucketRunner> runner_; // uses transport_
   const std::vector<Bucket> plan_;
   std::atomic<bool> hurry_{false}; // finish() is waiting: poll without pause
   std::atomic<bool> cancel_{false}; // stop waiting on MPI: being destroyed
   const Polling polling_;
   std::vector<std::vector<size_t>> buckets_of_; // tensor -> its buckets
-  // Used by the thread only, reused for every bucket.
-  FusionBuffer staging_;
-  std::vector<PackSegment> segments_;
-  PackTable table_;
 
   std::mutex mutex_;
   std::condition_variable changed_;
