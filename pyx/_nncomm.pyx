@@ -17,6 +17,7 @@ import warnings
 from mpi4py import MPI
 
 include "errors.pxi"
+include "dtypes.pxi"
 include "process.pxi"
 include "arrays.pxi"
 include "groups.pxi"

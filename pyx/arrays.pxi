@@ -13,13 +13,10 @@ from nnabla import NdArray
 # nnabla's default element type: the dtype of an array never written yet.
 _DEFAULT_DTYPE = np.dtype(np.float32)
 
-cdef dict _DTYPE_CODES = {
-    np.dtype(np.float32): <int>DType.kFloat32,
-    np.dtype(np.float64): <int>DType.kFloat64,
-    np.dtype(np.float16): <int>DType.kFloat16,
-    np.dtype(np.int32): <int>DType.kInt32,
-    np.dtype(np.int64): <int>DType.kInt64,
-}
+# numpy dtypes to their codes, for the arrays' own dtypes.
+cdef dict _DTYPE_CODES = {np.dtype(name): code
+                          for name, code in DTYPE_CODES.items()
+                          if name != "bfloat16"}
 
 
 cdef list as_ndarray_list(data, str what):

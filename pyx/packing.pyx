@@ -62,30 +62,37 @@ TILE_ELEMENTS = kPackTileElements
 cuda_built = cuda_packing_built()
 """bool: whether this build has the CUDA kernels (nvcc at build time)."""
 
-cdef dict _CODES = {
-    "float32": DType.kFloat32,
-    "float64": DType.kFloat64,
-    "float16": DType.kFloat16,
-    "bfloat16": DType.kBFloat16,
-    "int32": DType.kInt32,
-    "int64": DType.kInt64,
-}
+include "dtypes.pxi"
+
+
+def device_count():
+    """The number of CUDA devices this process sees.
+
+    Returns:
+        int: at least 1.
+
+    Raises:
+        RuntimeError: with the CUDA runtime's reason when it sees none (no
+            driver, no device), or when the package was built without CUDA.
+    """
+    cdef int count = 0
+    CHKSTATUS(cuda_device_count(&count))
+    if count == 0:
+        raise RuntimeError("the CUDA runtime sees no device")
+    return count
 
 
 cdef DType dtype_code(dt, what) except *:
-    if isinstance(dt, str):
-        name = dt
-    else:
-        try:
-            name = np.dtype(dt).name
-        except TypeError:
-            name = repr(dt)
-    code = _CODES.get(name)
+    """The code of a dtype name or numpy dtype (`what` names it in errors)."""
+    try:
+        code = DTYPE_CODES.get(dt if isinstance(dt, str) else np.dtype(dt).name)
+    except TypeError:
+        code = None
     if code is None:
         raise ValueError(
-            f"{what}: unknown dtype {name!r}; expected one of "
-            f"{', '.join(_CODES)}")
-    return <DType>code
+            f"{what}: unknown dtype {dt!r}; expected one of "
+            f"{', '.join(DTYPE_CODES)}")
+    return <DType><int>code
 
 
 cdef uintptr_t address_of(value, what) except? 0:

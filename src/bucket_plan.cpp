@@ -2,12 +2,14 @@
 
 #include <algorithm>
 
+#include "nncomm/fingerprint.hpp"
+
 namespace nncomm {
 
 std::vector<Bucket> plan_buckets(const std::vector<TensorSpec> &tensors,
                                  const std::vector<size_t> &order,
                                  size_t pack_size, bool keep_dtype, DType wire,
-                                 size_t direct_count) {
+                                 size_t direct_bytes) {
   std::vector<Bucket> plan;
   // The bucket being filled for each wire dtype, in order of first use.
   std::vector<Bucket> open;
@@ -23,7 +25,7 @@ std::vector<Bucket> plan_buckets(const std::vector<TensorSpec> &tensors,
   for (size_t t : order) {
     const TensorSpec &spec = tensors[t];
     const DType dt = keep_dtype ? spec.dtype : wire;
-    if (spec.count >= direct_count && spec.dtype == dt) {
+    if (spec.count * dtype_size(dt) >= direct_bytes && spec.dtype == dt) {
       for (size_t done = 0; done < spec.count; done += pack_size) {
         Bucket b;
         b.dtype = dt;
@@ -56,6 +58,18 @@ std::vector<Bucket> plan_buckets(const std::vector<TensorSpec> &tensors,
       plan.push_back(std::move(b));
   }
   return plan;
+}
+
+uint64_t plan_fingerprint(const std::vector<Bucket> &plan) {
+  Fingerprint f;
+  f.add(plan.size());
+  for (const Bucket &b : plan) {
+    f.add(static_cast<uint64_t>(b.dtype)).add(b.count).add(b.direct);
+    f.add(b.segments.size());
+    for (const Segment &s : b.segments)
+      f.add(s.tensor).add(s.tensor_offset).add(s.count);
+  }
+  return f.value();
 }
 
 } // namespace nncomm

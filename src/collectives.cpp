@@ -1,9 +1,11 @@
 #include "nncomm/collectives.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
 
+#include "nncomm/bucket_plan.hpp"
 #include "nncomm/config.hpp"
 #include "nncomm/fingerprint.hpp"
 #include "nncomm/host_ops.hpp"
@@ -29,42 +31,54 @@ struct Message {
 struct FusionPlan {
   std::vector<Message> messages;
   std::vector<size_t> direct; // arrays sent where they lie
+  std::vector<size_t> empty;  // arrays of no elements: nothing to send
   size_t bytes = 0;
 };
 
-// Splits `arrays` into fused messages and direct arrays. With `flags`, the
-// first message is of the first array's dtype and ends with one flag element
-// per array; it exists even when no array is fused into it.
+// Splits `arrays` into fused messages, one per dtype, and arrays sent where
+// they lie (all of them without `fuse`), as the bucket planner does for
+// gradients, with buckets of unbounded size; arrays of no elements are
+// listed apart (the planner leaves them out). With `flags`, the message of
+// the first array's dtype goes first and ends with one flag element per
+// array; it exists even when no array is fused into it.
 FusionPlan plan_fusion(const std::vector<ArrayRef> &arrays, bool fuse,
                        bool flags) {
+  std::vector<TensorSpec> specs;
+  std::vector<size_t> order;
   FusionPlan plan;
-  if (flags && !arrays.empty()) {
-    Message first;
-    first.dtype = arrays[0].dtype;
-    plan.messages.push_back(first);
-  }
-  const size_t direct_bytes = config::direct_bytes();
   for (size_t i = 0; i < arrays.size(); ++i) {
-    const ArrayRef &a = arrays[i];
-    if (!fuse || a.count * dtype_size(a.dtype) >= direct_bytes) {
-      plan.direct.push_back(i);
+    specs.push_back({arrays[i].count, arrays[i].dtype});
+    order.push_back(i);
+    if (arrays[i].count == 0)
+      plan.empty.push_back(i);
+  }
+  for (Bucket &b : plan_buckets(specs, order, SIZE_MAX, /*keep_dtype=*/true,
+                                DType::kFloat32,
+                                fuse ? config::direct_bytes() : 0)) {
+    if (b.direct) {
+      plan.direct.push_back(b.tensors[0]);
       continue;
     }
-    Message *message = nullptr;
-    for (Message &m : plan.messages) {
-      if (m.dtype == a.dtype)
-        message = &m;
-    }
-    if (message == nullptr) {
-      plan.messages.emplace_back();
-      message = &plan.messages.back();
-      message->dtype = a.dtype;
-    }
-    message->arrays.push_back(i);
-    message->count += a.count;
+    Message m;
+    m.dtype = b.dtype;
+    m.count = b.count;
+    m.arrays = std::move(b.tensors);
+    plan.messages.push_back(std::move(m));
   }
-  if (flags && !arrays.empty())
+  if (flags && !arrays.empty()) {
+    const DType first = arrays[0].dtype;
+    auto it =
+        std::find_if(plan.messages.begin(), plan.messages.end(),
+                     [first](const Message &m) { return m.dtype == first; });
+    if (it == plan.messages.end()) {
+      Message m;
+      m.dtype = first;
+      plan.messages.insert(plan.messages.begin(), std::move(m));
+    } else {
+      std::rotate(plan.messages.begin(), it, it + 1);
+    }
     plan.messages[0].count += arrays.size();
+  }
   for (Message &m : plan.messages) {
     m.byte_offset = plan.bytes;
     plan.bytes += align_up(m.count * dtype_size(m.dtype));
@@ -155,8 +169,8 @@ private:
 };
 
 // Fails on every rank unless all ranks make the same call, as
-// config::check_calls() says (MpiTransport::check_call).
-Status check_same_call(const MpiTransport &transport,
+// config::check_calls() says (Transport::check_call).
+Status check_same_call(Transport &transport,
                        const CallSignature &signature) {
   const config::CallChecks checks = config::check_calls();
   if (checks == config::CallChecks::kOff)
@@ -167,7 +181,7 @@ Status check_same_call(const MpiTransport &transport,
 
 } // namespace
 
-Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
+Status all_reduce_list(Transport &transport, FusionBuffer &fusion,
                        std::vector<ArrayRef> &arrays, bool division,
                        float scale, bool fuse, Materializer materialize) {
   OperationLabel label("all_reduce of %zu arrays", arrays.size());
@@ -216,6 +230,11 @@ Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
     NNCOMM_RETURN_IF_ERROR(unpack(buffer, m, arrays, divisor));
   }
 
+  // Written somewhere, an empty array is no longer zeroing anywhere.
+  for (size_t i : plan.empty) {
+    if (written[i])
+      NNCOMM_RETURN_IF_ERROR(fail_alone(acquire(arrays[i], i, materialize)));
+  }
   for (size_t i : plan.direct) {
     if (!written[i])
       continue;
@@ -226,27 +245,12 @@ Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
       std::memset(a.ptr, 0, a.count * dtype_size(a.dtype));
     }
     NNCOMM_RETURN_IF_ERROR(
-        reduce_in_place(transport, a.ptr, a.count, a.dtype, scale, divisor));
+        transport.allreduce(a.ptr, a.count, a.dtype, scale, divisor));
   }
   return Status::Ok();
 }
 
-Status reduce_in_place(const MpiTransport &transport, void *ptr, size_t count,
-                       DType dt, float scale, int divisor,
-                       const Polling *polling) {
-  // This rank's share is scaled where it lies; the sum overwrites it. Both
-  // passes run piece by piece, next to the piece's reduction.
-  return transport.allreduce(
-      ptr, count, dt, polling,
-      [&](void *piece, size_t n) {
-        convert_scaled(piece, dt, piece, dt, n, scale, 1);
-      },
-      [&](void *piece, size_t n) {
-        divide_into(piece, piece, n, dt, divisor);
-      });
-}
-
-Status reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
+Status reduce_list(Transport &transport, FusionBuffer &fusion,
                    const std::vector<ArrayRef> &arrays, int root, bool division,
                    bool fuse) {
   OperationLabel label("reduce of %zu arrays to group rank %zu",
@@ -275,7 +279,7 @@ Status reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
   return Status::Ok();
 }
 
-Status bcast_list(const MpiTransport &transport, FusionBuffer &fusion,
+Status bcast_list(Transport &transport, FusionBuffer &fusion,
                   const std::vector<ArrayRef> &arrays, int root, bool fuse) {
   OperationLabel label("bcast of %zu arrays from group rank %zu",
                        arrays.size(), static_cast<size_t>(root));
@@ -301,7 +305,7 @@ Status bcast_list(const MpiTransport &transport, FusionBuffer &fusion,
   return Status::Ok();
 }
 
-Status all_gather(const MpiTransport &transport, FusionBuffer &fusion,
+Status all_gather(Transport &transport, FusionBuffer &fusion,
                   const ArrayRef &send, const std::vector<ArrayRef> &recv) {
   OperationLabel label("all_gather of %zu elements per rank", send.count);
   NNCOMM_RETURN_IF_ERROR(
@@ -322,7 +326,7 @@ Status all_gather(const MpiTransport &transport, FusionBuffer &fusion,
   return Status::Ok();
 }
 
-Status reduce_scatter(const MpiTransport &transport, FusionBuffer &fusion,
+Status reduce_scatter(Transport &transport, FusionBuffer &fusion,
                       const std::vector<ArrayRef> &send, const ArrayRef &recv,
                       bool division) {
   OperationLabel label("reduce_scatter of %zu elements per rank",

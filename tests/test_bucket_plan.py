@@ -9,20 +9,21 @@ from nncomm._nncomm import plan_gradient_buckets
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 
 
-NEVER = 2**62  # direct_count that makes no tensor direct
+NEVER = 2**62  # direct_bytes that makes no tensor direct
 
 
 def check_plan(counts, dtypes, order, pack_size, keep_dtype, wire=F32,
-               direct_count=NEVER):
+               direct_bytes=NEVER):
     plan = plan_gradient_buckets(counts, dtypes, order, pack_size, keep_dtype,
-                                 wire, direct_count)
+                                 wire, direct_bytes)
     covered = {t: [] for t in order}
     for dt, direct, segments in plan:
         assert segments, "no empty bucket"
         if direct:
             assert len(segments) == 1, "a direct bucket is one piece"
             t = segments[0][0]
-            assert counts[t] >= direct_count and np.dtype(dtypes[t]) == dt
+            assert counts[t] * dt.itemsize >= direct_bytes and \
+                np.dtype(dtypes[t]) == dt
         if keep_dtype:
             assert all(np.dtype(dtypes[t]) == dt for t, *_ in segments)
         else:
@@ -90,7 +91,7 @@ def test_plan_large_tensors_go_direct(pack_size):
     counts = [5, 40, 2, 64, 7]
     dtypes = [F32, F32, F32, F16, F32]
     plan = check_plan(counts, dtypes, [4, 3, 2, 1, 0], pack_size, False,
-                      direct_count=30)
+                      direct_bytes=120)
     direct = {segs[0][0] for _, d, segs in plan if d}
     # 40 float32 elements go direct; 64 float16 ones need conversion.
     assert direct == {1}

@@ -1,10 +1,12 @@
-// The bucket plan of a gradient all-reduce: which pieces of which tensors
-// travel in which bucket. A pure function of the tensors' sizes and dtypes,
-// so every rank that passes the same tensors gets the same plan and issues
-// the same MPI calls in the same order.
+// The bucket plan of a reduction: which pieces of which tensors travel in
+// which bucket, for the callback engine's gradients and for the fused
+// messages of the list collectives alike. A pure function of the tensors'
+// sizes and dtypes, so every rank that passes the same tensors gets the
+// same plan and issues the same calls in the same order.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "nncomm/dtype.hpp"
@@ -38,13 +40,18 @@ struct Bucket {
 // `order`, splitting a tensor across buckets where it does not fit.
 // With `keep_dtype`, a bucket holds one dtype and travels in it (a bucket
 // per dtype is open at a time); otherwise every bucket travels in `wire`.
-// A tensor of at least `direct_count` elements that needs no conversion
-// gets direct buckets of its own, up to `pack_size` each, placed when its
-// turn comes while the open buckets keep filling. Empty tensors get no
-// segment. Buckets are listed in launch order.
+// A tensor of at least `direct_bytes` that needs no conversion gets direct
+// buckets of its own, up to `pack_size` elements each, placed when its turn
+// comes while the open buckets keep filling. Empty tensors get no segment.
+// Buckets are listed in launch order: the open buckets last, in the order
+// their dtypes were first used.
 std::vector<Bucket> plan_buckets(const std::vector<TensorSpec> &tensors,
                                  const std::vector<size_t> &order,
                                  size_t pack_size, bool keep_dtype, DType wire,
-                                 size_t direct_count);
+                                 size_t direct_bytes);
+
+// The same on two ranks only if their plans are: what the ranks compare
+// before they run a plan.
+uint64_t plan_fingerprint(const std::vector<Bucket> &plan);
 
 } // namespace nncomm

@@ -1,5 +1,5 @@
 // List collectives: nnabla's all_reduce / reduce / bcast over a list of
-// arrays, all_gather and reduce_scatter, built on an MpiTransport.
+// arrays, all_gather and reduce_scatter, built on a Transport.
 //
 // Fusion: with `fuse` set (nnabla's inplace=False), arrays smaller than
 // config::direct_bytes() are packed per dtype into the FusionBuffer and sent
@@ -8,7 +8,7 @@
 // communicated where they lie, one after another.
 //
 // Arguments are validated by the binding before any rank communicates; that
-// the ranks make the same call is checked here (MpiTransport::check_call).
+// the ranks make the same call is checked here (Transport::check_call).
 #pragma once
 
 #include <cstddef>
@@ -17,7 +17,7 @@
 
 #include "nncomm/dtype.hpp"
 #include "nncomm/fusion_buffer.hpp"
-#include "nncomm/mpi_transport.hpp"
+#include "nncomm/transport.hpp"
 #include "nncomm/status.hpp"
 
 namespace nncomm {
@@ -46,36 +46,29 @@ struct Materializer {
 // nullptr on every rank is skipped and stays untouched, as nnabla skips
 // arrays that are still zeroing everywhere. Which arrays were written
 // anywhere travels with the first message, so skipping costs no extra call.
-Status all_reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
+Status all_reduce_list(Transport &transport, FusionBuffer &fusion,
                        std::vector<ArrayRef> &arrays, bool division,
                        float scale, bool fuse, Materializer materialize);
 
-// Sums `ptr` times `scale` over the transport's ranks, in place, then
-// divides it by `divisor`: the reduction of one array that travels where it
-// lies (`polling` as in MpiTransport::allreduce).
-Status reduce_in_place(const MpiTransport &transport, void *ptr, size_t count,
-                       DType dt, float scale, int divisor,
-                       const Polling *polling = nullptr);
-
 // Sums each array into rank `root` (the mean with `division`); the arrays
 // of the other ranks stay unchanged.
-Status reduce_list(const MpiTransport &transport, FusionBuffer &fusion,
+Status reduce_list(Transport &transport, FusionBuffer &fusion,
                    const std::vector<ArrayRef> &arrays, int root, bool division,
                    bool fuse);
 
 // Copies rank `root`'s arrays into every other rank's.
-Status bcast_list(const MpiTransport &transport, FusionBuffer &fusion,
+Status bcast_list(Transport &transport, FusionBuffer &fusion,
                   const std::vector<ArrayRef> &arrays, int root, bool fuse);
 
 // Rank r's `send` lands in recv[r]; or, with one `recv` array of
 // size() * send.count elements, in its r-th block (with one rank, both
 // readings agree).
-Status all_gather(const MpiTransport &transport, FusionBuffer &fusion,
+Status all_gather(Transport &transport, FusionBuffer &fusion,
                   const ArrayRef &send, const std::vector<ArrayRef> &recv);
 
 // Rank r receives the sum (the mean with `division`) of every rank's
 // send[r]; or, with one `send` array, of its r-th block.
-Status reduce_scatter(const MpiTransport &transport, FusionBuffer &fusion,
+Status reduce_scatter(Transport &transport, FusionBuffer &fusion,
                       const std::vector<ArrayRef> &send, const ArrayRef &recv,
                       bool division);
 
