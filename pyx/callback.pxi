@@ -27,9 +27,6 @@ cdef dict _WIRE_DTYPES = {
 }
 
 
-cdef dict _WIRE_ITEMSIZE = {code: dt.itemsize
-                            for dt, code in _DTYPE_CODES.items()}
-
 cdef dict _FLOAT_CODES = {dt: code for dt, code in _DTYPE_CODES.items()
                           if dt.kind == "f"}
 
@@ -316,23 +313,6 @@ cdef class AllReduceCallback:
         return bw
 
     cdef _Engine _new_engine(self, tuple reached, tuple sizes, tuple codes):
-        # Every rank must plan the same buckets, or their MPI calls would not
-        # match: one small all-reduce, once per new plan.
-        signature = hash((sizes, codes, reached, self.pack_size,
-                          self.keep_dtype, self.wire))
-        cdef cpp_bool same = False
-        cdef Status status
-        cdef uint64_t value = <uint64_t>(signature & 0xFFFFFFFFFFFFFFFF)
-        with nogil:
-            self.group.busy.lock()
-            status = deref(self.group.transport).agree(value, &same)
-            self.group.busy.unlock()
-        CHKSTATUS(status)
-        if not same:
-            raise ValueError(
-                "the ranks of this group disagree on the gradients this "
-                "callback reduces (their number, sizes or dtypes, or which "
-                "of them the graph reaches)")
         cdef vector[TensorSpec] specs
         cdef TensorSpec spec
         for i, (size, code) in enumerate(zip(sizes, codes)):
@@ -345,14 +325,28 @@ cdef class AllReduceCallback:
             specs.push_back(spec)
         # Gradients of the last layers are final first: plan those first.
         cdef vector[size_t] order = list(reversed(reached))
+        cdef vector[Bucket] plan = plan_buckets(
+            specs, order, self.pack_size, self.keep_dtype,
+            <DType><int>self.wire, direct_bytes())
+        # Every rank must run the same plan, or their calls would not match:
+        # one small all-reduce, once per new plan.
+        cdef cpp_bool same = False
+        cdef Status status
+        cdef uint64_t value = plan_fingerprint(plan)
+        with nogil:
+            status = deref(self.group.core).agree(value, &same)
+        CHKSTATUS(status)
+        if not same:
+            raise ValueError(
+                "the ranks of this group disagree on the gradients this "
+                "callback reduces (their number, sizes or dtypes, or which "
+                "of them the graph reaches)")
         # The engine's own communicator: two callbacks on one group (say,
         # chained for two halves of the model) must not interleave their
         # collectives on a shared one.
         cdef unique_ptr[MpiTransport] own
         with nogil:
-            self.group.busy.lock()
-            status = deref(self.group.transport).Duplicate(&own)
-            self.group.busy.unlock()
+            status = deref(self.group.core).duplicate_transport(&own)
         CHKSTATUS(status)
         cdef _Engine engine = _Engine.__new__(_Engine)
         planned = set(reached)
@@ -360,21 +354,18 @@ cdef class AllReduceCallback:
                             if i not in planned]
         engine.sizes = sizes
         engine.codes = codes
+        cdef unique_ptr[BucketRunner] runner
+        runner.reset(new HostRunner(deref(own)))
         engine.engine.reset(new Engine(
-            move(own), len(self.data),
-            plan_buckets(specs, order, self.pack_size, self.keep_dtype,
-                         <DType><int>self.wire,
-                         direct_bytes() // _WIRE_ITEMSIZE[self.wire]),
-            engine_poll_us()))
+            unique_ptr[Transport](own.release()), move(runner),
+            len(self.data), plan, engine_poll_us()))
         # Every rank must know whether every rank has its buffer, or one
         # that failed alone would leave the others waiting for its buckets.
         cdef Status prepared = engine.engine.get().prepare()
         cdef cpp_bool all_prepared = False
         with nogil:
-            self.group.busy.lock()
-            status = deref(self.group.transport).agree(prepared.ok(),
-                                                       &all_prepared)
-            self.group.busy.unlock()
+            status = deref(self.group.core).agree(prepared.ok(),
+                                                  &all_prepared)
         CHKSTATUS(status)
         CHKSTATUS(prepared)
         if not (all_prepared and prepared.ok()):
@@ -434,18 +425,15 @@ cdef class AllReduceCallback:
         cdef Materializer materialize = tail.materializer()
         cdef Status tail_status
         with nogil:
-            self.group.busy.lock()
-            tail_status = all_reduce_list(
-                deref(self.group.transport), self.group.fusion, tail.refs,
-                self.division, self.scale, True, materialize)
-            self.group.busy.unlock()
+            tail_status = deref(self.group.core).all_reduce(
+                tail.refs, self.division, self.scale, True, materialize)
         CHKSTATUS(status)
         CHKSTATUS(tail_status)
         return 0
 
 
 def plan_gradient_buckets(counts, dtypes, order, pack_size, keep_dtype, wire,
-                          direct_count):
+                          direct_bytes):
     """The bucket plan the engine would run, for inspection and tests.
 
     Args:
@@ -455,7 +443,7 @@ def plan_gradient_buckets(counts, dtypes, order, pack_size, keep_dtype, wire,
         pack_size (int): elements per bucket.
         keep_dtype (bool): one dtype per bucket, travelling in it.
         wire (numpy dtype): the dtype buckets travel in otherwise.
-        direct_count (int): tensors of this many elements or more, in the
+        direct_bytes (int): tensors of this many bytes or more, in the
             wire dtype, get direct buckets of their own.
 
     Returns:
@@ -471,7 +459,7 @@ def plan_gradient_buckets(counts, dtypes, order, pack_size, keep_dtype, wire,
     names = {code: dt for dt, code in _DTYPE_CODES.items()}
     cdef vector[Bucket] plan = plan_buckets(
         specs, list(order), pack_size, keep_dtype,
-        <DType><int>_DTYPE_CODES[np.dtype(wire)], direct_count)
+        <DType><int>_DTYPE_CODES[np.dtype(wire)], direct_bytes)
     return [(names[<int>b.dtype], b.direct,
              [(s.tensor, s.tensor_offset, s.count)
               for s in b.segments])

@@ -2,6 +2,8 @@
 
 from nnabla import Variable
 
+from nncomm import cuda_context
+
 
 cdef class Communicator:
     """Data-parallel communicator over MPI, with nnabla's Communicator API.
@@ -32,8 +34,11 @@ cdef class Communicator:
     cdef list _ctx_params
 
     def __cinit__(self, ctx):
-        backends = list(getattr(ctx, "backend", None) or [])
-        if not backends or any(not str(b).startswith("cpu") for b in backends):
+        backends = [str(b) for b in getattr(ctx, "backend", None) or []]
+        if any(b.startswith("cuda") or b.startswith("cudnn")
+               for b in backends):
+            raise ValueError(cuda_context.refusal(backends))
+        if not backends or any(not b.startswith("cpu") for b in backends):
             # MPI would be handed device addresses as host memory.
             raise ValueError(
                 "nncomm's MPI communicator needs a CPU context, as from "
@@ -57,7 +62,7 @@ cdef class Communicator:
         cdef MPI_Comm comm = (<MPI.Comm>MPI.COMM_WORLD).ob_mpi
         cdef Status status
         with nogil:
-            status = MpiTransport.Create(comm, &world.transport)
+            status = Group.Create(comm, &world.core)
         CHKSTATUS(status)
         _agree_on_settings(world)
         self._groups["world"] = world
@@ -77,17 +82,17 @@ cdef class Communicator:
     @property
     def size(self):
         """Number of processes in the world group."""
-        return deref(self._world().transport).size()
+        return deref(self._world().core).size()
 
     @property
     def rank(self):
         """Rank of this process in the world group."""
-        return deref(self._world().transport).rank()
+        return deref(self._world().core).rank()
 
     @property
     def local_rank(self):
         """Rank of this process among the processes on its host."""
-        return deref(self._world().transport).local_rank()
+        return deref(self._world().core).local_rank()
 
     def barrier(self):
         """Blocks until every process of the world group has called it."""
@@ -95,15 +100,13 @@ cdef class Communicator:
         close_stopped_backwards("a barrier")
         cdef Status status
         with nogil:
-            world.busy.lock()
-            status = deref(world.transport).barrier()
-            world.busy.unlock()
+            status = deref(world.core).barrier()
         CHKSTATUS(status)
 
     def abort(self):
         """Terminates every process of the MPI job."""
         cdef _Group world = self._world()
-        deref(world.transport).abort(-1)
+        deref(world.core).abort(-1)
 
     # -- parameters ---------------------------------------------------------
 
@@ -198,18 +201,9 @@ cdef class Communicator:
             raise ValueError(f"group {name!r} lists a rank twice: {ranks}")
         group = _Group(ranks)
         cdef vector[int] cranks = ranks
-        cdef cpp_bool member = deref(world.transport).rank() in ranks
         cdef Status status
-        # Every rank calls new_group: meeting them all first (a bounded
-        # wait) means no member can block in MPI_Comm_create_group, which
-        # has no nonblocking form, for a rank that never comes.
         with nogil:
-            world.busy.lock()
-            status = deref(world.transport).barrier()
-            if status.ok() and member:
-                status = MpiTransport.CreateGroup(deref(world.transport),
-                                                  cranks, &group.transport)
-            world.busy.unlock()
+            status = deref(world.core).create_subgroup(cranks, &group.core)
         CHKSTATUS(status)
         self._groups[name] = group
         return name
@@ -242,7 +236,7 @@ cdef class Communicator:
         if g is None:
             raise ValueError(
                 f"unknown group {group!r}; groups: {sorted(self._groups)}")
-        if not g.transport:
+        if not g.core:
             raise ValueError(
                 f"self (rank={self.rank}) is not included in group "
                 f"{group!r} (ranks {g.ranks})")
@@ -282,11 +276,8 @@ cdef class Communicator:
         cdef Materializer materialize = arrays.materializer()
         cdef Status status
         with nogil:
-            g.busy.lock()
-            status = all_reduce_list(deref(g.transport), g.fusion,
-                                     arrays.refs, division, 1.0, not inplace,
-                                     materialize)
-            g.busy.unlock()
+            status = deref(g.core).all_reduce(arrays.refs, division, 1.0,
+                                              not inplace, materialize)
         CHKSTATUS(status)
 
     def reduce(self, data, dst, bint division=False, bint inplace=False,
@@ -311,10 +302,8 @@ cdef class Communicator:
             arrays.check_floating("data")
         cdef Status status
         with nogil:
-            g.busy.lock()
-            status = reduce_list(deref(g.transport), g.fusion,
-                                 arrays.refs, root, division, not inplace)
-            g.busy.unlock()
+            status = deref(g.core).reduce(arrays.refs, root, division,
+                                          not inplace)
         CHKSTATUS(status)
 
     def bcast(self, data, src, bint inplace=False, group="world"):
@@ -333,10 +322,7 @@ cdef class Communicator:
                                         self._ctx, "data", None, False)
         cdef Status status
         with nogil:
-            g.busy.lock()
-            status = bcast_list(deref(g.transport), g.fusion, arrays.refs,
-                                root, not inplace)
-            g.busy.unlock()
+            status = deref(g.core).bcast(arrays.refs, root, not inplace)
         CHKSTATUS(status)
 
     def all_gather(self, ndarray, ndarray_list, group="world"):
@@ -363,10 +349,7 @@ cdef class Communicator:
                                       send.dtypes[0], False)
         cdef Status status
         with nogil:
-            g.busy.lock()
-            status = all_gather(deref(g.transport), g.fusion,
-                                send.refs[0], recv.refs)
-            g.busy.unlock()
+            status = deref(g.core).all_gather(send.refs[0], recv.refs)
         CHKSTATUS(status)
 
     def reduce_scatter(self, ndarray_list, ndarray, bint division=False,
@@ -403,10 +386,8 @@ cdef class Communicator:
                                       send.dtypes[0], False)
         cdef Status status
         with nogil:
-            g.busy.lock()
-            status = reduce_scatter(deref(g.transport), g.fusion,
-                                    send.refs, recv.refs[0], division)
-            g.busy.unlock()
+            status = deref(g.core).reduce_scatter(send.refs, recv.refs[0],
+                                                  division)
         CHKSTATUS(status)
 
     def all_reduce_callback(self, data, pack_size, bint division=False,
@@ -544,8 +525,8 @@ cdef int _agree_on_settings(_Group world) except -1:
     cdef int64_t[:, ::1] out = everyone
     cdef Status status
     with nogil:
-        status = deref(world.transport).allgather(mine, &out[0, 0], 3,
-                                                   DType.kInt64)
+        status = deref(world.core).allgather(mine, &out[0, 0], 3,
+                                              DType.kInt64)
     CHKSTATUS(status)
     for k, name in enumerate(_AGREED_SETTINGS):
         values = everyone[:, k]

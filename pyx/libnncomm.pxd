@@ -13,27 +13,14 @@ from mpi4py.libmpi cimport MPI_Comm
 from libcore cimport DType, Status
 
 
+cdef extern from "nncomm/transport.hpp" namespace "nncomm" nogil:
+    cdef cppclass Transport:
+        pass
+
+
 cdef extern from "nncomm/mpi_transport.hpp" namespace "nncomm" nogil:
-    cdef cppclass MpiTransport:
-        @staticmethod
-        Status Create(MPI_Comm comm, unique_ptr[MpiTransport]* out)
-        @staticmethod
-        Status CreateGroup(const MpiTransport& parent, const vector[int]& ranks,
-                           unique_ptr[MpiTransport]* out)
-        Status Duplicate(unique_ptr[MpiTransport]* out)
-        int rank()
-        int size()
-        int local_rank()
-        Status barrier()
-        Status agree(uint64_t value, bool* same)
-        Status allgather(const void* send, void* recv, size_t count,
-                         DType dt)
-        void abort(int errorcode)
-
-
-cdef extern from "nncomm/fusion_buffer.hpp" namespace "nncomm" nogil:
-    cdef cppclass FusionBuffer:
-        FusionBuffer()
+    cdef cppclass MpiTransport(Transport):
+        pass
 
 
 cdef extern from "nncomm/collectives.hpp" namespace "nncomm" nogil:
@@ -47,19 +34,30 @@ cdef extern from "nncomm/collectives.hpp" namespace "nncomm" nogil:
         void* (*fn)(void* context, size_t index) noexcept
         void* context
 
-    Status all_reduce_list(const MpiTransport& transport, FusionBuffer& fusion,
-                           vector[ArrayRef]& arrays, bool division,
-                           float scale, bool fuse, Materializer materialize)
-    Status reduce_list(const MpiTransport& transport, FusionBuffer& fusion,
-                       const vector[ArrayRef]& arrays, int root,
-                       bool division, bool fuse)
-    Status bcast_list(const MpiTransport& transport, FusionBuffer& fusion,
-                      const vector[ArrayRef]& arrays, int root, bool fuse)
-    Status all_gather(const MpiTransport& transport, FusionBuffer& fusion,
-                      const ArrayRef& send, const vector[ArrayRef]& recv)
-    Status reduce_scatter(const MpiTransport& transport, FusionBuffer& fusion,
-                          const vector[ArrayRef]& send, const ArrayRef& recv,
-                          bool division)
+
+cdef extern from "nncomm/group.hpp" namespace "nncomm" nogil:
+    cdef cppclass Group:
+        @staticmethod
+        Status Create(MPI_Comm comm, unique_ptr[Group]* out)
+        Status create_subgroup(const vector[int]& ranks,
+                               unique_ptr[Group]* out)
+        Status duplicate_transport(unique_ptr[MpiTransport]* out)
+        int rank()
+        int size()
+        int local_rank()
+        void abort(int errorcode)
+        Status barrier()
+        Status agree(uint64_t value, bool* same)
+        Status allgather(const void* send, void* recv, size_t count,
+                         DType dt)
+        Status all_reduce(vector[ArrayRef]& arrays, bool division,
+                          float scale, bool fuse, Materializer materialize)
+        Status reduce(const vector[ArrayRef]& arrays, int root,
+                      bool division, bool fuse)
+        Status bcast(const vector[ArrayRef]& arrays, int root, bool fuse)
+        Status all_gather(const ArrayRef& send, const vector[ArrayRef]& recv)
+        Status reduce_scatter(const vector[ArrayRef]& send,
+                              const ArrayRef& recv, bool division)
 
 
 cdef extern from "nncomm/bucket_plan.hpp" namespace "nncomm" nogil:
@@ -82,7 +80,8 @@ cdef extern from "nncomm/bucket_plan.hpp" namespace "nncomm" nogil:
     vector[Bucket] plan_buckets(const vector[TensorSpec]& tensors,
                                 const vector[size_t]& order, size_t pack_size,
                                 bool keep_dtype, DType wire,
-                                size_t direct_count)
+                                size_t direct_bytes)
+    uint64_t plan_fingerprint(const vector[Bucket]& plan)
 
 
 cdef extern from "nncomm/launch_tuner.hpp" namespace "nncomm" nogil:
@@ -91,9 +90,20 @@ cdef extern from "nncomm/launch_tuner.hpp" namespace "nncomm" nogil:
         kDeferred
 
 
+cdef extern from "nncomm/bucket_runner.hpp" namespace "nncomm" nogil:
+    cdef cppclass BucketRunner:
+        pass
+
+
+cdef extern from "nncomm/host_runner.hpp" namespace "nncomm" nogil:
+    cdef cppclass HostRunner(BucketRunner):
+        HostRunner(Transport& transport)
+
+
 cdef extern from "nncomm/engine.hpp" namespace "nncomm" nogil:
     cdef cppclass Engine:
-        Engine(unique_ptr[MpiTransport] transport, size_t num_tensors,
+        Engine(unique_ptr[Transport] transport,
+               unique_ptr[BucketRunner] runner, size_t num_tensors,
                vector[Bucket] plan, int poll_us)
         Status prepare()
         Status begin(float scale, int divisor)

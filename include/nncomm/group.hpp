@@ -1,0 +1,63 @@
+// Group: this rank's side of one named group of ranks: its transport, the
+// fusion buffer its list collectives pack in, and the queue that orders
+// its collectives (collective_queue.hpp). The binding makes every
+// collective on a group through here, each in its turn, so collectives
+// from several threads never interleave on the transport.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <mpi.h>
+
+#include "nncomm/collective_queue.hpp"
+#include "nncomm/collectives.hpp"
+#include "nncomm/fusion_buffer.hpp"
+#include "nncomm/mpi_transport.hpp"
+
+namespace nncomm {
+
+class Group {
+public:
+  // A group of every rank of `comm`. Collective over `comm`.
+  static Status Create(MPI_Comm comm, std::unique_ptr<Group> *out);
+  // A group of this group's ranks `ranks`, numbered in that order. Every
+  // rank of this group calls it; `*out` stays empty where this rank is not
+  // in `ranks`.
+  Status create_subgroup(const std::vector<int> &ranks,
+                         std::unique_ptr<Group> *out);
+  // A transport of its own over this group's ranks, for an engine thread
+  // whose collectives must not interleave with the group's. Collective.
+  Status duplicate_transport(std::unique_ptr<MpiTransport> *out);
+
+  int rank() const { return transport_->rank(); }
+  int size() const { return transport_->size(); }
+  int local_rank() const { return transport_->local_rank(); }
+  // Ends the whole job.
+  void abort(int errorcode) const { transport_->abort(errorcode); }
+
+  Status barrier();
+  // Sets `*same` to whether every rank passed the same `value`.
+  Status agree(uint64_t value, bool *same);
+  Status allgather(const void *send, void *recv, size_t count, DType dt);
+  // The list collectives of collectives.hpp, on this group.
+  Status all_reduce(std::vector<ArrayRef> &arrays, bool division, float scale,
+                    bool fuse, Materializer materialize);
+  Status reduce(const std::vector<ArrayRef> &arrays, int root, bool division,
+                bool fuse);
+  Status bcast(const std::vector<ArrayRef> &arrays, int root, bool fuse);
+  Status all_gather(const ArrayRef &send, const std::vector<ArrayRef> &recv);
+  Status reduce_scatter(const std::vector<ArrayRef> &send,
+                        const ArrayRef &recv, bool division);
+
+private:
+  explicit Group(std::unique_ptr<MpiTransport> transport)
+      : transport_(std::move(transport)) {}
+
+  const std::unique_ptr<MpiTransport> transport_;
+  FusionBuffer fusion_;
+  CollectiveQueue queue_;
+};
+
+} // namespace nncomm

@@ -1,0 +1,86 @@
+#include "nncomm/group.hpp"
+
+#include <algorithm>
+
+namespace nncomm {
+
+// Takes the group's turn for the rest of the scope, or returns.
+#define NNCOMM_IN_TURN()                                                       \
+  CollectiveQueue::Turn _nncomm_turn(queue_);                                  \
+  NNCOMM_RETURN_IF_ERROR(_nncomm_turn.status())
+
+Status Group::Create(MPI_Comm comm, std::unique_ptr<Group> *out) {
+  std::unique_ptr<MpiTransport> transport;
+  NNCOMM_RETURN_IF_ERROR(MpiTransport::Create(comm, &transport));
+  out->reset(new Group(std::move(transport)));
+  return Status::Ok();
+}
+
+Status Group::create_subgroup(const std::vector<int> &ranks,
+                              std::unique_ptr<Group> *out) {
+  NNCOMM_IN_TURN();
+  // MPI_Comm_create_group has no nonblocking form: meeting every rank
+  // first (a bounded wait) means no member can block in it for a rank
+  // that never comes.
+  NNCOMM_RETURN_IF_ERROR(transport_->barrier());
+  if (std::find(ranks.begin(), ranks.end(), rank()) == ranks.end())
+    return Status::Ok();
+  std::unique_ptr<MpiTransport> transport;
+  NNCOMM_RETURN_IF_ERROR(
+      MpiTransport::CreateGroup(*transport_, ranks, &transport));
+  out->reset(new Group(std::move(transport)));
+  return Status::Ok();
+}
+
+Status Group::duplicate_transport(std::unique_ptr<MpiTransport> *out) {
+  NNCOMM_IN_TURN();
+  return transport_->Duplicate(out);
+}
+
+Status Group::barrier() {
+  NNCOMM_IN_TURN();
+  return transport_->barrier();
+}
+
+Status Group::agree(uint64_t value, bool *same) {
+  NNCOMM_IN_TURN();
+  return transport_->agree(value, same);
+}
+
+Status Group::allgather(const void *send, void *recv, size_t count,
+                        DType dt) {
+  NNCOMM_IN_TURN();
+  return transport_->allgather(send, recv, count, dt);
+}
+
+Status Group::all_reduce(std::vector<ArrayRef> &arrays, bool division,
+                         float scale, bool fuse, Materializer materialize) {
+  NNCOMM_IN_TURN();
+  return all_reduce_list(*transport_, fusion_, arrays, division, scale, fuse,
+                         materialize);
+}
+
+Status Group::reduce(const std::vector<ArrayRef> &arrays, int root,
+                     bool division, bool fuse) {
+  NNCOMM_IN_TURN();
+  return reduce_list(*transport_, fusion_, arrays, root, division, fuse);
+}
+
+Status Group::bcast(const std::vector<ArrayRef> &arrays, int root, bool fuse) {
+  NNCOMM_IN_TURN();
+  return bcast_list(*transport_, fusion_, arrays, root, fuse);
+}
+
+Status Group::all_gather(const ArrayRef &send,
+                         const std::vector<ArrayRef> &recv) {
+  NNCOMM_IN_TURN();
+  return nncomm::all_gather(*transport_, fusion_, send, recv);
+}
+
+Status Group::reduce_scatter(const std::vector<ArrayRef> &send,
+                             const ArrayRef &recv, bool division) {
+  NNCOMM_IN_TURN();
+  return nncomm::reduce_scatter(*transport_, fusion_, send, recv, division);
+}
+
+} // namespace nncomm
