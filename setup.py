@@ -158,7 +158,7 @@ def packing_extension():
     sources = ["pyx/packing.pyx", "src/pack.cpp", "src/host_ops.cpp"]
     if found is None:
         return Extension("nncomm.packing",
-                         sources=sources + ["src/cuda_pack_unavailable.cpp"],
+                         sources=sources + ["src/cuda_unavailable.cpp"],
                          include_dirs=["include", "pyx"], language="c++",
                          extra_compile_args=CXXFLAGS, depends=DEPENDS)
     nvcc, root = found

@@ -53,3 +53,7 @@ cdef extern from "nncomm/cuda_pack.hpp" namespace "nncomm" nogil:
         Status unpack(const PackTable& table, const void* bucket, DType wire,
                       float scale, int divisor, CudaStream stream,
                       CudaEvent after)
+
+
+cdef extern from "nncomm/cuda_devices.hpp" namespace "nncomm" nogil:
+    Status cuda_device_count(int* count)

@@ -1,5 +1,6 @@
-// CudaPacker in a build without nvcc: every entry point says why there are
-// no kernels, so a caller gets a clear error instead of a missing symbol.
+// The CUDA entry points in a build without nvcc: each says why there is no
+// CUDA, so a caller gets a clear error instead of a missing symbol.
+#include "nncomm/cuda_devices.hpp"
 #include "nncomm/cuda_pack.hpp"
 
 namespace nncomm {
@@ -15,6 +16,8 @@ Status unavailable() {
 struct CudaPacker::Device {};
 
 bool cuda_packing_built() { return false; }
+
+Status cuda_device_count(int *) { return unavailable(); }
 
 Status CudaPacker::Create(std::unique_ptr<CudaPacker> *, size_t) {
   return unavailable();

@@ -40,8 +40,12 @@ CONSTRUCTORS["nncomm.Communicator"] = nncomm.Communicator
 def test_non_cpu_context_is_refused(name, backend):
     ctx = nn.Context(backend=backend, array_class="CudaCachedArray",
                      device_id="0")
-    with pytest.raises(ValueError, match="CPU context"):
+    with pytest.raises(ValueError, match="CPU context") as refused:
         CONSTRUCTORS[name](ctx)
+    # This machine has neither nnabla-ext-cuda nor a GPU: both are named.
+    assert "computes on CUDA" in str(refused.value)
+    assert "nnabla-ext-cuda" in str(refused.value)
+    assert "a CUDA GPU (" in str(refused.value)
 
 
 @pytest.mark.parametrize("name", sorted(CONSTRUCTORS))
