@@ -3,6 +3,7 @@
 // and orders the launches on the caller's streams.
 #include "nncomm/cuda_pack.hpp"
 #include "nncomm/scaling.hpp"
+#include "cuda_calls.hpp"
 #include "pack_tile.cuh"
 
 #include <cuda_runtime.h>
@@ -33,36 +34,6 @@ bool on_device(DType dt) {
   return dt == DType::kFloat32 || dt == DType::kFloat16 ||
          dt == DType::kBFloat16;
 }
-
-Status cuda_status(cudaError_t err, const char *call) {
-  if (err == cudaSuccess)
-    return Status::Ok();
-  return Status::RuntimeError(std::string(call) +
-                              " failed: " + cudaGetErrorString(err));
-}
-
-#define NNCOMM_CUDA_CALL(fn, ...)                                              \
-  NNCOMM_RETURN_IF_ERROR(cuda_status(fn(__VA_ARGS__), #fn))
-
-// Makes `device` current for a scope and restores the caller's device.
-class DeviceScope {
-public:
-  Status enter(int device) {
-    NNCOMM_CUDA_CALL(cudaGetDevice, &previous_);
-    if (previous_ != device)
-      NNCOMM_CUDA_CALL(cudaSetDevice, device);
-    entered_ = previous_ != device;
-    return Status::Ok();
-  }
-  ~DeviceScope() {
-    if (entered_)
-      cudaSetDevice(previous_);
-  }
-
-private:
-  int previous_ = 0;
-  bool entered_ = false;
-};
 
 // One table in device memory, and the pinned host buffer it is uploaded
 // from.

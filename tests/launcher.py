@@ -30,15 +30,22 @@ def run_job(worker, n, args=(), env=None, timeout=180, mpiexec_args=()):
     `timeout` seconds is killed with every process it started, and fails
     the test.
     """
+    script = os.path.join(WORKERS, f"{worker}.py")
+    full_env = {"PYTHONPATH": os.pathsep.join(
+        [WORKERS] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    full_env.update(env or {})
+    return run_program([sys.executable, "-m", "mpi4py", script,
+                        *map(str, args)], n, full_env, timeout, mpiexec_args)
+
+
+def run_program(program, n, env=None, timeout=180, mpiexec_args=()):
+    """Runs the command `program` on `n` ranks under mpiexec, whatever its
+    outcome; returns as run_job does."""
     if not os.path.exists(MPIEXEC):
         pytest.fail(f"no mpiexec beside {sys.executable}; install the "
                     f"'mpich' wheel into this environment")
-    script = os.path.join(WORKERS, f"{worker}.py")
-    cmd = [MPIEXEC, *mpiexec_args, "-n", str(n), sys.executable, "-m",
-           "mpi4py", script, *map(str, args)]
+    cmd = [MPIEXEC, *mpiexec_args, "-n", str(n), *map(str, program)]
     full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = os.pathsep.join(
-        [WORKERS] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     # nnabla's CPU kernels are not what is tested; keep 4 ranks on 2 cores
     # from also fighting over OpenMP threads.
     full_env.setdefault("OMP_NUM_THREADS", "1")

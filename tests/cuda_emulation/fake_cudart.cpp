@@ -304,6 +304,7 @@ const char *cudaGetErrorString(cudaError_t err) {
   case cudaErrorInvalidDevice: return "invalid device ordinal";
   case cudaErrorInvalidResourceHandle: return "invalid resource handle";
   case cudaErrorLaunchFailure: return "unspecified launch failure";
+  case cudaErrorNotReady: return "device not ready";
   default: return "unknown error";
   }
 }
@@ -450,6 +451,13 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   Call call;
   rt().wait(e->recorded); // never recorded: complete
   return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  Call call;
+  if (e->recorded == nullptr || e->recorded->done)
+    return cudaSuccess;
+  return cudaErrorNotReady;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned) {

@@ -1,0 +1,270 @@
+// The host-staged transport (src/cuda_staged_transport.cu) over real MPI,
+// on the device memory of fake_cudart.cpp, whose streams run work late and
+// in random legal orders: every collective, with its inputs written by
+// work still pending on the compute stream and its results read by work
+// enqueued there afterwards, against a reference computed here. A missing
+// wait between the compute stream and the transport's shows up as wrong
+// data.
+//
+// Built and run under mpiexec by tests/test_gpu_path_emulated.py; prints
+// "staged_over_mpi: N checks passed on R ranks" on rank 0, or the first
+// failure (exit 1 on every rank, through MPI_Abort).
+#include <cuda_runtime.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fake_cudart.hpp"
+#include "nncomm/cuda_staged_transport.hpp"
+#include "nncomm/host_ops.hpp"
+#include "nncomm/mpi_transport.hpp"
+#include "nncomm/wait.hpp"
+
+using namespace nncomm;
+
+namespace {
+
+int rank = 0;
+int ranks = 1;
+size_t checks = 0;
+
+[[noreturn]] void fail(const std::string &what) {
+  std::printf("rank %d: %s\n", rank, what.c_str());
+  std::fflush(stdout);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::exit(1);
+}
+
+void ok(const Status &s, const char *what) {
+  if (!s.ok())
+    fail(std::string(what) + ": " + s.message());
+}
+
+void cuda(cudaError_t err, const char *what) {
+  if (err != cudaSuccess)
+    fail(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+// Element i of rank r's input: small integers, so every sum is exact in
+// every dtype and the reference needs no rounding model.
+double input(int r, size_t i) { return double((r + 1) * (int(i % 7) + 1)); }
+
+// Writes `values` (as doubles) into memory of `dt`.
+void store(char *dst, DType dt, const std::vector<double> &values) {
+  std::vector<double> from(values);
+  for (size_t i = 0; i < from.size(); ++i) {
+    if (dt == DType::kInt32) {
+      const int32_t v = int32_t(from[i]);
+      std::memcpy(dst + 4 * i, &v, 4);
+    } else if (dt == DType::kInt64) {
+      const int64_t v = int64_t(from[i]);
+      std::memcpy(dst + 8 * i, &v, 8);
+    } else {
+      convert_scaled(dst + i * dtype_size(dt), dt, &from[i], DType::kFloat64,
+                     1, 1.0f, 1);
+    }
+  }
+}
+
+std::vector<double> load(const char *src, DType dt, size_t n) {
+  std::vector<double> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (dt == DType::kInt32) {
+      int32_t v;
+      std::memcpy(&v, src + 4 * i, 4);
+      out[i] = v;
+    } else if (dt == DType::kInt64) {
+      int64_t v;
+      std::memcpy(&v, src + 8 * i, 8);
+      out[i] = v;
+    } else {
+      convert_scaled(&out[i], DType::kFloat64, src + i * dtype_size(dt), dt, 1,
+                     1.0f, 1);
+    }
+  }
+  return out;
+}
+
+// Device memory whose contents come from pinned host memory through the
+// compute stream (legacy default), as a framework's kernels would write it.
+struct DeviceArray {
+  char *device = nullptr;
+  char *host = nullptr;
+  size_t n;
+  DType dt;
+  DeviceArray(size_t n, DType dt) : n(n), dt(dt) {
+    const size_t bytes = std::max<size_t>(1, n * dtype_size(dt));
+    cuda(cudaMalloc(reinterpret_cast<void **>(&device), bytes), "cudaMalloc");
+    cuda(cudaMallocHost(reinterpret_cast<void **>(&host), bytes),
+         "cudaMallocHost");
+  }
+  ~DeviceArray() {
+    cudaDeviceSynchronize();
+    cudaFree(device);
+    cudaFreeHost(host);
+  }
+  void write(const std::vector<double> &values) {
+    cudaStreamSynchronize(nullptr); // the previous read is done with `host`
+    store(host, dt, values);
+    cuda(cudaMemcpyAsync(device, host, n * dtype_size(dt),
+                         cudaMemcpyHostToDevice, nullptr),
+         "upload");
+  }
+  std::vector<double> read() {
+    cuda(cudaMemcpyAsync(host, device, n * dtype_size(dt),
+                         cudaMemcpyDeviceToHost, nullptr),
+         "download");
+    cuda(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
+    return load(host, dt, n);
+  }
+};
+
+void expect(const std::vector<double> &got, const std::vector<double> &want,
+            const std::string &what) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (got[i] != want[i]) {
+      fail(what + ": element " + std::to_string(i) + " is " +
+           std::to_string(got[i]) + ", expected " + std::to_string(want[i]));
+    }
+  }
+  ++checks;
+}
+
+// Runs the operation `start` opens, ordered with the compute stream (the
+// legacy default) as a framework's collective is.
+template <typename Start>
+void run(DeviceTransport &t, const char *what, Start start) {
+  WorkPtr work;
+  ok(t.follow(nullptr), what);
+  ok(start(&work), what);
+  ok(wait_for(*work, rank == 0, nullptr), what);
+  ok(t.lead(nullptr), what);
+}
+
+void check_dtype(StagedTransport &t, DType dt, size_t n) {
+  const std::string name = "dtype " + std::to_string(int(dt)) + ", " +
+                           std::to_string(n) + " elements: ";
+  const bool floating = dtype_is_floating(dt);
+  std::vector<double> mine(n), sum(n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    mine[i] = input(rank, i);
+    for (int r = 0; r < ranks; ++r)
+      sum[i] += input(r, i);
+  }
+  DeviceArray a(n, dt);
+
+  a.write(mine);
+  run(t, "allreduce", [&](WorkPtr *w) {
+    return t.start_allreduce(a.device, n, dt, 1.0f, 1, w);
+  });
+  expect(a.read(), sum, name + "allreduce");
+
+  if (floating) {
+    // Halved, summed, divided by the number of ranks: as convert_scaled
+    // rounds (a sum of halves of small integers is exact).
+    std::vector<double> mean(n);
+    for (size_t i = 0; i < n; ++i) {
+      float s = float(sum[i] * 0.5);
+      convert_scaled(&s, DType::kFloat32, &s, DType::kFloat32, 1, 1.0f, ranks);
+      std::vector<char> rounded(dtype_size(dt));
+      convert_scaled(rounded.data(), dt, &s, DType::kFloat32, 1, 1.0f, 1);
+      mean[i] = load(rounded.data(), dt, 1)[0];
+    }
+    a.write(mine);
+    run(t, "allreduce scaled", [&](WorkPtr *w) {
+      return t.start_allreduce(a.device, n, dt, 0.5f, ranks, w);
+    });
+    expect(a.read(), mean, name + "allreduce scaled and divided");
+  }
+
+  for (int root = 0; root < ranks; ++root) {
+    a.write(mine);
+    run(t, "reduce", [&](WorkPtr *w) {
+      return t.start_reduce(a.device, n, dt, root, w);
+    });
+    expect(a.read(), rank == root ? sum : mine, name + "reduce");
+
+    std::vector<double> sent(n);
+    for (size_t i = 0; i < n; ++i)
+      sent[i] = input(root, i);
+    a.write(rank == root ? sent : std::vector<double>(n, -1.0));
+    run(t, "bcast", [&](WorkPtr *w) {
+      return t.start_bcast(a.device, n, dt, root, w);
+    });
+    expect(a.read(), sent, name + "bcast");
+  }
+
+  DeviceArray all(n * ranks, dt);
+  std::vector<double> gathered;
+  for (int r = 0; r < ranks; ++r) {
+    for (size_t i = 0; i < n; ++i)
+      gathered.push_back(input(r, i));
+  }
+  a.write(mine);
+  all.write(std::vector<double>(n * ranks, -1.0));
+  run(t, "allgather", [&](WorkPtr *w) {
+    return t.start_allgather(a.device, all.device, n, dt, w);
+  });
+  expect(all.read(), gathered, name + "allgather");
+
+  // Block b of rank r's input is input(r, b * n + i); rank r gets block r.
+  std::vector<double> blocks(n * ranks), scattered(n, 0.0);
+  for (size_t j = 0; j < n * ranks; ++j)
+    blocks[j] = input(rank, j);
+  for (size_t i = 0; i < n; ++i) {
+    for (int r = 0; r < ranks; ++r)
+      scattered[i] += input(r, rank * n + i);
+  }
+  all.write(blocks);
+  a.write(std::vector<double>(n, -1.0));
+  run(t, "reduce_scatter", [&](WorkPtr *w) {
+    return t.start_reduce_scatter(all.device, a.device, n, dt, w);
+  });
+  expect(a.read(), scattered, name + "reduce_scatter");
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  const uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1;
+  nncomm_fake_configure(seed * 131 + rank, 3);
+  // Two ranks share each fake device, as ranks share a GPU where NCCL
+  // would refuse them.
+  cuda(cudaSetDevice(rank % 2), "cudaSetDevice");
+  {
+    std::unique_ptr<MpiTransport> mpi;
+    ok(MpiTransport::Create(MPI_COMM_WORLD, &mpi), "MpiTransport::Create");
+    std::unique_ptr<StagedTransport> t;
+    ok(StagedTransport::Create(std::move(mpi), &t),
+       "StagedTransport::Create");
+    // Sizes from one element to several MPI pieces (NNCOMM_CHUNK_BYTES is
+    // set small by the test), growing the pinned buffer on the way.
+    for (size_t n : {size_t(1), size_t(7), size_t(1000), size_t(70000)}) {
+      for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
+                       DType::kFloat64, DType::kInt32, DType::kInt64}) {
+        check_dtype(*t, dt, n);
+      }
+    }
+    run(*t, "barrier", [&](WorkPtr *w) {
+      return t->start_barrier(w);
+    });
+    ++checks;
+  }
+  cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  if (nncomm_fake_pending() != 0)
+    fail("work left pending on the fake device");
+  if (rank == 0)
+    std::printf("staged_over_mpi: %zu checks passed on %d ranks\n", checks,
+                ranks);
+  MPI_Finalize();
+  return 0;
+}
