@@ -1,0 +1,192 @@
+// The callback engine on GPU memory (src/engine.cpp with src/cuda_runner.cu
+// on the host-staged transport) over real MPI, on the device memory of
+// fake_cudart.cpp, whose streams run work late and in random legal orders.
+// Each iteration "computes" every gradient on the compute stream (the
+// legacy default, as nnabla-ext-cuda does) in a random order of its own,
+// marking each ready as soon as its work is enqueued; after finish() the
+// gradients are read on the compute stream and compared with the sum over
+// ranks. A missing event wait anywhere (gradient to pack, pack to copy,
+// unpack to the compute stream) shows up as wrong data.
+//
+// Built and run under mpiexec by tests/test_gpu_path_emulated.py; prints
+// "engine_over_mpi: N checks passed on R ranks" on rank 0, or the first
+// failure (exit 1 on every rank, through MPI_Abort).
+#include <cuda_runtime.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fake_cudart.hpp"
+#include "nncomm/bucket_plan.hpp"
+#include "nncomm/cuda_runner.hpp"
+#include "nncomm/cuda_staged_transport.hpp"
+#include "nncomm/engine.hpp"
+#include "nncomm/host_ops.hpp"
+#include "nncomm/mpi_transport.hpp"
+
+using namespace nncomm;
+
+namespace {
+
+int rank = 0;
+int ranks = 1;
+size_t checks = 0;
+
+[[noreturn]] void fail(const std::string &what) {
+  std::printf("rank %d: %s\n", rank, what.c_str());
+  std::fflush(stdout);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::exit(1);
+}
+
+void ok(const Status &s, const char *what) {
+  if (!s.ok())
+    fail(std::string(what) + ": " + s.message());
+}
+
+void cuda(cudaError_t err, const char *what) {
+  if (err != cudaSuccess)
+    fail(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+// Element i of tensor t on rank r in iteration k: small integers, so that
+// every sum is exact and only the final division rounds.
+float input(int r, size_t t, size_t i, int k) {
+  return float((r + 1 + k) * (int((i + t) % 5) + 1));
+}
+
+// `v` rounded to `dt` and read back as a float.
+float in_dtype(float v, DType dt) {
+  char bytes[8];
+  convert_scaled(bytes, dt, &v, DType::kFloat32, 1, 1.0f, 1);
+  float back = 0;
+  convert_scaled(&back, DType::kFloat32, bytes, dt, 1, 1.0f, 1);
+  return back;
+}
+
+struct Gradient {
+  size_t count;
+  DType dtype;
+  char *device = nullptr;
+  char *host = nullptr; // pinned: what the compute stream copies from/to
+};
+
+void run(uint64_t seed) {
+  std::mt19937_64 rng(seed); // the same on every rank: the same plan
+  const size_t n = 3 + rng() % 10;
+  std::vector<Gradient> grads(n);
+  std::vector<TensorSpec> specs;
+  for (Gradient &g : grads) {
+    g.count = 1 + rng() % 3000;
+    g.dtype = rng() % 3 == 0 ? DType::kFloat16 : DType::kFloat32;
+    const size_t bytes = g.count * dtype_size(g.dtype);
+    cuda(cudaMalloc(reinterpret_cast<void **>(&g.device), bytes), "cudaMalloc");
+    cuda(cudaMallocHost(reinterpret_cast<void **>(&g.host), bytes),
+         "cudaMallocHost");
+    specs.push_back({g.count, g.dtype});
+  }
+  std::vector<size_t> order(n);
+  for (size_t t = 0; t < n; ++t)
+    order[t] = n - 1 - t;
+  const size_t pack_size = 64 + rng() % 4000;
+  const bool keep_dtype = rng() % 2 == 0;
+  // Some float32 gradients large enough to go direct.
+  const size_t direct_bytes = 4 * 1500;
+  std::vector<Bucket> plan = plan_buckets(specs, order, pack_size, keep_dtype,
+                                          DType::kFloat32, direct_bytes);
+
+  std::unique_ptr<MpiTransport> mpi;
+  ok(MpiTransport::Create(MPI_COMM_WORLD, &mpi), "MpiTransport::Create");
+  std::unique_ptr<StagedTransport> staged;
+  ok(StagedTransport::Create(std::move(mpi), &staged), "StagedTransport");
+  std::unique_ptr<CudaRunner> runner;
+  ok(CudaRunner::Create(*staged, nullptr, &runner), "CudaRunner::Create");
+  Engine engine(std::move(staged), std::move(runner), n, plan, 20);
+  ok(engine.prepare(), "prepare");
+
+  std::mt19937_64 mine(seed * 977 + rank); // each rank's own order
+  const float scale = 0.5f;
+  for (int k = 0; k < 4; ++k) {
+    ok(engine.begin(scale, ranks), "begin");
+    std::vector<size_t> finished(n);
+    for (size_t t = 0; t < n; ++t)
+      finished[t] = t;
+    std::shuffle(finished.begin(), finished.end(), mine);
+    for (size_t t : finished) {
+      Gradient &g = grads[t];
+      std::vector<float> values(g.count);
+      for (size_t i = 0; i < g.count; ++i)
+        values[i] = input(rank, t, i, k);
+      // The previous read of `host` is done (it was synchronised).
+      convert_scaled(g.host, g.dtype, values.data(), DType::kFloat32, g.count,
+                     1.0f, 1);
+      cuda(cudaMemcpyAsync(g.device, g.host, g.count * dtype_size(g.dtype),
+                           cudaMemcpyHostToDevice, nullptr),
+           "compute");
+      engine.mark_ready(t, g.device, g.dtype);
+    }
+    ok(engine.finish(), "finish");
+    for (size_t t = 0; t < n; ++t) {
+      Gradient &g = grads[t];
+      cuda(cudaMemcpyAsync(g.host, g.device, g.count * dtype_size(g.dtype),
+                           cudaMemcpyDeviceToHost, nullptr),
+           "read back");
+    }
+    cuda(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
+    for (size_t t = 0; t < n; ++t) {
+      const Gradient &g = grads[t];
+      std::vector<float> got(g.count);
+      convert_scaled(got.data(), DType::kFloat32, g.host, g.dtype, g.count,
+                     1.0f, 1);
+      for (size_t i = 0; i < g.count; ++i) {
+        float sum = 0;
+        for (int r = 0; r < ranks; ++r)
+          sum += input(r, t, i, k) * scale;
+        float mean = sum;
+        convert_scaled(&mean, DType::kFloat32, &sum, DType::kFloat32, 1, 1.0f,
+                       ranks);
+        if (got[i] != in_dtype(mean, g.dtype)) {
+          fail("seed " + std::to_string(seed) + ", iteration " +
+               std::to_string(k) + ": gradient " + std::to_string(t) +
+               " element " + std::to_string(i) + " is " +
+               std::to_string(got[i]) + ", expected " +
+               std::to_string(in_dtype(mean, g.dtype)));
+        }
+      }
+      ++checks;
+    }
+  }
+  cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  for (Gradient &g : grads) {
+    cudaFree(g.device);
+    cudaFreeHost(g.host);
+  }
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  const uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1;
+  nncomm_fake_configure(seed * 131 + rank, 3);
+  cuda(cudaSetDevice(rank % 2), "cudaSetDevice");
+  for (uint64_t s = 0; s < 5; ++s)
+    run(seed * 100 + s);
+  if (nncomm_fake_pending() != 0)
+    fail("work left pending on the fake device");
+  if (rank == 0)
+    std::printf("engine_over_mpi: %zu checks passed on %d ranks\n", checks,
+                ranks);
+  MPI_Finalize();
+  return 0;
+}

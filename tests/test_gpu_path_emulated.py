@@ -1,0 +1,81 @@
+"""The GPU path's host code over real MPI on 2-4 ranks, on the device
+memory of the CPU-side CUDA runtime (tests/cuda_emulation/fake_cudart.cpp),
+whose streams run work late and in random legal orders:
+
+- the host-staged transport: every collective against a reference, with
+  inputs still being written on the compute stream when it starts and
+  results read there after it (staged_over_mpi.cpp);
+- the callback engine with the CUDA runner on it: gradients "computed" on
+  the compute stream in a random order per rank, packed by the CUDA
+  packer's kernel (emulated), reduced, unpacked, and read on the compute
+  stream after finish() (engine_over_mpi.cpp).
+
+Needs nvcc (to compile against the CUDA headers), not a GPU."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from launcher import run_program
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The PyPI mpich wheel's headers and library, beside the interpreter.
+MPI_PREFIX = os.path.dirname(os.path.dirname(sys.executable))
+EMULATION = "tests/cuda_emulation/"
+# What both programs link: the transports, the waits and the fake runtime.
+COMMON = [EMULATION + "fake_cudart.cpp", "src/cuda_staged_transport.cu",
+          "src/cuda_device_transport.cu", "src/mpi_transport.cpp",
+          "src/stall_inspector.cpp", "src/transport.cpp", "src/wait.cpp",
+          "src/config.cpp", "src/host_ops.cpp", "src/host_memory.cpp"]
+
+
+def build(tmp_path_factory, name, sources):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc on this machine")
+    exe = str(tmp_path_factory.mktemp("gpu_path") / name)
+    lib = os.path.join(MPI_PREFIX, "lib")
+    # The packer's device code is compiled (for one architecture) but run
+    # by the fake, tile by tile.
+    subprocess.run(
+        [nvcc, "-std=c++17", "-O1", "-cudart", "none", "-arch=sm_80",
+         "-Iinclude", "-Isrc", "-I" + EMULATION,
+         "-I" + os.path.join(MPI_PREFIX, "include"),
+         EMULATION + name + ".cpp"] + sources + COMMON +
+        ["-L" + lib, "-lmpi", "-Xlinker", "-rpath=" + lib, "-o", exe],
+        cwd=REPO, check=True, timeout=600)
+    return exe
+
+
+@pytest.fixture(scope="module")
+def staged_over_mpi(tmp_path_factory):
+    return build(tmp_path_factory, "staged_over_mpi", [])
+
+
+@pytest.fixture(scope="module")
+def engine_over_mpi(tmp_path_factory):
+    return build(tmp_path_factory, "engine_over_mpi",
+                 ["src/engine.cpp", "src/cuda_runner.cu", "src/cuda_pack.cu",
+                  "src/launch_tuner.cpp", "src/bucket_plan.cpp",
+                  "src/pack.cpp"])
+
+
+def run(program, ranks, seed, env=None):
+    code, out, err, _ = run_program([program, seed], ranks, env=env,
+                                    timeout=300)
+    assert code == 0, out + err
+    assert f"checks passed on {ranks} ranks" in out, out + err
+
+
+@pytest.mark.parametrize("ranks,seed", [(2, 1), (3, 2), (4, 3), (2, 4)])
+def test_staged_collectives_on_emulated_devices(staged_over_mpi, ranks, seed):
+    # Small MPI pieces, so the larger arrays travel in several.
+    run(staged_over_mpi, ranks, seed, {"NNCOMM_CHUNK_BYTES": "65536"})
+
+
+@pytest.mark.parametrize("launch", ["eager", "deferred"])
+@pytest.mark.parametrize("ranks,seed", [(2, 1), (3, 2), (4, 3)])
+def test_engine_on_emulated_devices(engine_over_mpi, ranks, seed, launch):
+    run(engine_over_mpi, ranks, seed, {"NNCOMM_LAUNCH": launch})
