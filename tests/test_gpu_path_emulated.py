@@ -2,9 +2,11 @@
 memory of the CPU-side CUDA runtime (tests/cuda_emulation/fake_cudart.cpp),
 whose streams run work late and in random legal orders:
 
-- the host-staged transport: every collective against a reference, with
-  inputs still being written on the compute stream when it starts and
-  results read there after it (staged_over_mpi.cpp);
+- the host-staged transport and the NCCL transport (on a fake NCCL whose
+  collectives run as MPI ones when their turn on the stream comes): every
+  collective against a reference, with inputs still being written on the
+  compute stream when it starts and results read there after it
+  (transports_over_mpi.cpp);
 - the callback engine with the CUDA runner on it: gradients "computed" on
   the compute stream in a random order per rank, packed by the CUDA
   packer's kernel (emulated), reduced, unpacked, and read on the compute
@@ -26,7 +28,8 @@ MPI_PREFIX = os.path.dirname(os.path.dirname(sys.executable))
 EMULATION = "tests/cuda_emulation/"
 # What both programs link: the transports, the waits and the fake runtime.
 COMMON = [EMULATION + "fake_cudart.cpp", "src/cuda_staged_transport.cu",
-          "src/cuda_device_transport.cu", "src/mpi_transport.cpp",
+          "src/cuda_device_transport.cu", "src/cuda_nccl_transport.cu",
+          EMULATION + "fake_nccl.cpp", "src/mpi_transport.cpp",
           "src/stall_inspector.cpp", "src/transport.cpp", "src/wait.cpp",
           "src/config.cpp", "src/host_ops.cpp", "src/host_memory.cpp"]
 
@@ -50,8 +53,8 @@ def build(tmp_path_factory, name, sources):
 
 
 @pytest.fixture(scope="module")
-def staged_over_mpi(tmp_path_factory):
-    return build(tmp_path_factory, "staged_over_mpi", [])
+def transports_over_mpi(tmp_path_factory):
+    return build(tmp_path_factory, "transports_over_mpi", [])
 
 
 @pytest.fixture(scope="module")
@@ -62,20 +65,30 @@ def engine_over_mpi(tmp_path_factory):
                   "src/pack.cpp"])
 
 
-def run(program, ranks, seed, env=None):
-    code, out, err, _ = run_program([program, seed], ranks, env=env,
+def run(program, ranks, args, env=None):
+    code, out, err, _ = run_program([program, *args], ranks, env=env,
                                     timeout=300)
     assert code == 0, out + err
     assert f"checks passed on {ranks} ranks" in out, out + err
 
 
 @pytest.mark.parametrize("ranks,seed", [(2, 1), (3, 2), (4, 3), (2, 4)])
-def test_staged_collectives_on_emulated_devices(staged_over_mpi, ranks, seed):
+def test_staged_collectives_on_emulated_devices(transports_over_mpi, ranks,
+                                                seed):
     # Small MPI pieces, so the larger arrays travel in several.
-    run(staged_over_mpi, ranks, seed, {"NNCOMM_CHUNK_BYTES": "65536"})
+    run(transports_over_mpi, ranks, [seed, "staged"],
+        {"NNCOMM_CHUNK_BYTES": "65536"})
+
+
+# Powers of two: NCCL folds the scale and the division into one factor,
+# exact for these only.
+@pytest.mark.parametrize("ranks,seed", [(2, 1), (4, 2)])
+def test_nccl_collectives_on_emulated_devices(transports_over_mpi, ranks,
+                                              seed):
+    run(transports_over_mpi, ranks, [seed, "nccl"])
 
 
 @pytest.mark.parametrize("launch", ["eager", "deferred"])
 @pytest.mark.parametrize("ranks,seed", [(2, 1), (3, 2), (4, 3)])
 def test_engine_on_emulated_devices(engine_over_mpi, ranks, seed, launch):
-    run(engine_over_mpi, ranks, seed, {"NNCOMM_LAUNCH": launch})
+    run(engine_over_mpi, ranks, [seed], {"NNCOMM_LAUNCH": launch})

@@ -279,6 +279,18 @@ void nncomm_fake_hold(cudaStream_t stream) {
   rt().enqueue(rt().stream(stream, current_device), op);
 }
 
+cudaError_t nncomm_fake_enqueue(cudaStream_t stream,
+                                std::function<void()> work) {
+  Call call;
+  CUstream_st *s = rt().stream(stream, current_device);
+  if (s->device != current_device)
+    return cudaErrorInvalidResourceHandle;
+  OpPtr op = std::make_shared<Op>();
+  op->work = std::move(work);
+  rt().enqueue(s, op);
+  return cudaSuccess;
+}
+
 size_t nncomm_fake_launches() {
   Call call;
   return rt().launches;

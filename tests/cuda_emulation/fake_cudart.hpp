@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include <cuda_runtime.h>
 
@@ -22,3 +23,7 @@ size_t nncomm_fake_launches();
 size_t nncomm_fake_copies();
 // Work enqueued and not yet run.
 size_t nncomm_fake_pending();
+// Enqueues `work` on `stream` as a kernel would be: it runs when its turn
+// comes in the random legal order (the fake NCCL's collectives).
+cudaError_t nncomm_fake_enqueue(cudaStream_t stream,
+                                std::function<void()> work);

@@ -1,14 +1,16 @@
-// The host-staged transport (src/cuda_staged_transport.cu) over real MPI,
-// on the device memory of fake_cudart.cpp, whose streams run work late and
-// in random legal orders: every collective, with its inputs written by
-// work still pending on the compute stream and its results read by work
-// enqueued there afterwards, against a reference computed here. A missing
-// wait between the compute stream and the transport's shows up as wrong
-// data.
+// The GPU transports over real MPI, on the device memory of
+// fake_cudart.cpp, whose streams run work late and in random legal orders:
+// the host-staged transport (src/cuda_staged_transport.cu) or the NCCL
+// transport (src/cuda_nccl_transport.cu) on fake_nccl.cpp. Every
+// collective, with its inputs written by work still pending on the compute
+// stream and its results read by work enqueued there afterwards, against a
+// reference computed here. A missing wait between the compute stream and
+// the transport's shows up as wrong data.
 //
-// Built and run under mpiexec by tests/test_gpu_path_emulated.py; prints
-// "staged_over_mpi: N checks passed on R ranks" on rank 0, or the first
-// failure (exit 1 on every rank, through MPI_Abort).
+// Built and run under mpiexec by tests/test_gpu_path_emulated.py as
+// `transports_over_mpi SEED staged|nccl`; prints "transports_over_mpi: N
+// checks passed on R ranks" on rank 0, or the first failure (exit 1 on
+// every rank, through MPI_Abort).
 #include <cuda_runtime.h>
 #include <mpi.h>
 
@@ -20,7 +22,9 @@
 #include <vector>
 
 #include "fake_cudart.hpp"
+#include "fake_nccl.hpp"
 #include "nncomm/cuda_staged_transport.hpp"
+#include "nncomm/nccl_transport.hpp"
 #include "nncomm/host_ops.hpp"
 #include "nncomm/mpi_transport.hpp"
 #include "nncomm/wait.hpp"
@@ -146,7 +150,7 @@ void run(DeviceTransport &t, const char *what, Start start) {
   ok(t.lead(nullptr), what);
 }
 
-void check_dtype(StagedTransport &t, DType dt, size_t n) {
+void check_dtype(DeviceTransport &t, DType dt, size_t n) {
   const std::string name = "dtype " + std::to_string(int(dt)) + ", " +
                            std::to_string(n) + " elements: ";
   const bool floating = dtype_is_floating(dt);
@@ -236,16 +240,26 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
   const uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1;
+  const std::string kind = argc > 2 ? argv[2] : "staged";
   nncomm_fake_configure(seed * 131 + rank, 3);
-  // Two ranks share each fake device, as ranks share a GPU where NCCL
-  // would refuse them.
+  // Two ranks share each fake device (as ranks share a GPU for the staged
+  // transport, where NCCL would refuse them: the fake does not).
   cuda(cudaSetDevice(rank % 2), "cudaSetDevice");
   {
     std::unique_ptr<MpiTransport> mpi;
     ok(MpiTransport::Create(MPI_COMM_WORLD, &mpi), "MpiTransport::Create");
-    std::unique_ptr<StagedTransport> t;
-    ok(StagedTransport::Create(std::move(mpi), &t),
-       "StagedTransport::Create");
+    std::unique_ptr<DeviceTransport> t;
+    if (kind == "nccl") {
+      std::unique_ptr<NcclTransport> nccl;
+      ok(NcclTransport::Create(fake_nccl(), std::move(mpi), &nccl),
+         "NcclTransport::Create");
+      t = std::move(nccl);
+    } else {
+      std::unique_ptr<StagedTransport> staged;
+      ok(StagedTransport::Create(std::move(mpi), &staged),
+         "StagedTransport::Create");
+      t = std::move(staged);
+    }
     // Sizes from one element to several MPI pieces (NNCOMM_CHUNK_BYTES is
     // set small by the test), growing the pinned buffer on the way.
     for (size_t n : {size_t(1), size_t(7), size_t(1000), size_t(70000)}) {
@@ -263,8 +277,8 @@ int main(int argc, char **argv) {
   if (nncomm_fake_pending() != 0)
     fail("work left pending on the fake device");
   if (rank == 0)
-    std::printf("staged_over_mpi: %zu checks passed on %d ranks\n", checks,
-                ranks);
+    std::printf("transports_over_mpi: %zu checks passed on %d ranks (%s)\n",
+                checks, ranks, kind.c_str());
   MPI_Finalize();
   return 0;
 }

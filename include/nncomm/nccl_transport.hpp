@@ -1,0 +1,72 @@
+// NcclTransport: collectives on CUDA device memory over one NCCL
+// communicator, on a stream of its own, for ranks that each have a GPU of
+// their own (NCCL refuses two ranks on one device). The host transport
+// (MPI) carries the communicator's unique id, the agreements and call
+// checks, and the host's own small messages. A Work completes once its
+// operation has passed on the device: it is polled, with NCCL's
+// asynchronous errors, so that its wait is bounded like every other (a
+// communicator left with an operation that never completes is aborted,
+// not destroyed).
+#pragma once
+
+#include <memory>
+
+#include "nncomm/device_transport.hpp"
+#include "nncomm/nccl_api.hpp"
+
+namespace nncomm {
+
+class NcclTransport : public DeviceTransport {
+public:
+  // A communicator over `host`'s ranks on the device current to the
+  // calling thread. Collective over `host`'s ranks.
+  static Status Create(const NcclApi &api, std::unique_ptr<Transport> host,
+                       std::unique_ptr<NcclTransport> *out);
+  ~NcclTransport() override;
+  NcclTransport(const NcclTransport &) = delete;
+  NcclTransport &operator=(const NcclTransport &) = delete;
+
+  Transport &host() override { return *host_; }
+  int rank() const override { return host_->rank(); }
+  int size() const override { return host_->size(); }
+  int device() const override { return device_; }
+  CudaStream stream() const override { return stream_; }
+
+  Status start_allreduce(void *buf, size_t count, DType dt, float scale,
+                         int divisor, WorkPtr *work) override;
+  Status start_reduce(void *buf, size_t count, DType dt, int root,
+                      WorkPtr *work) override;
+  Status start_bcast(void *buf, size_t count, DType dt, int root,
+                     WorkPtr *work) override;
+  Status start_allgather(const void *send, void *recv, size_t count,
+                         DType dt, WorkPtr *work) override;
+  Status start_reduce_scatter(const void *send, void *recv, size_t count,
+                              DType dt, WorkPtr *work) override;
+  Status start_barrier(WorkPtr *work) override {
+    return host_->start_barrier(work);
+  }
+  Status agree(uint64_t value, bool *same) override {
+    return host_->agree(value, same);
+  }
+  Status check_call(uint64_t signature, bool always) override {
+    return host_->check_call(signature, always);
+  }
+
+private:
+  class Launched;
+  NcclTransport(const NcclApi &api, std::unique_ptr<Transport> host)
+      : api_(api), host_(std::move(host)) {}
+  // `result` of enqueueing `call`: on success, a Work that completes when
+  // the operation has passed on the device.
+  Status launched(nccl::Result result, const char *call, WorkPtr *work);
+  Status nccl_status(nccl::Result result, const char *call) const;
+
+  const NcclApi &api_;
+  const std::unique_ptr<Transport> host_;
+  int device_ = 0;
+  CudaStream stream_ = nullptr;
+  CudaEvent done_ = nullptr; // recorded after each operation
+  nccl::Comm comm_ = nullptr;
+};
+
+} // namespace nncomm

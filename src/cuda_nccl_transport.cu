@@ -1,0 +1,194 @@
+#include "nncomm/nccl_transport.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "cuda_calls.hpp"
+#include "nncomm/host_ops.hpp"
+#include "nncomm/wait.hpp"
+
+namespace nncomm {
+
+namespace {
+
+nccl::DataType nccl_type(DType dt) {
+  switch (dt) {
+  case DType::kInt32: return 2;
+  case DType::kInt64: return 4;
+  case DType::kFloat16: return 6;
+  case DType::kFloat32: return 7;
+  case DType::kFloat64: return 8;
+  case DType::kBFloat16: return 9;
+  }
+  return -1;
+}
+
+} // namespace
+
+Status NcclTransport::nccl_status(nccl::Result result,
+                                  const char *call) const {
+  if (result == nccl::kSuccess)
+    return Status::Ok();
+  return Status::Transport(std::string(call) +
+                           " failed: " + api_.GetErrorString(result));
+}
+
+// An operation enqueued on the transport's stream, done when the event
+// recorded after it has passed.
+class NcclTransport::Launched : public Work {
+public:
+  explicit Launched(const NcclTransport &t) : t_(t) {}
+
+  Status test(bool *done) override {
+    *done = false;
+    const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(t_.done_));
+    if (err == cudaSuccess) {
+      *done = true;
+      return Status::Ok();
+    }
+    if (err != cudaErrorNotReady)
+      return cuda_status(err, "cudaEventQuery");
+    nccl::Result async = nccl::kSuccess;
+    NNCOMM_RETURN_IF_ERROR(t_.nccl_status(
+        t_.api_.CommGetAsyncError(t_.comm_, &async), "ncclCommGetAsyncError"));
+    if (async != nccl::kSuccess && async != nccl::kInProgress)
+      return t_.nccl_status(async, "an NCCL operation");
+    return Status::Ok();
+  }
+
+  std::string describe() const override {
+    return "an NCCL operation on device " + std::to_string(t_.device_);
+  }
+
+private:
+  const NcclTransport &t_;
+};
+
+Status NcclTransport::Create(const NcclApi &api,
+                             std::unique_ptr<Transport> host,
+                             std::unique_ptr<NcclTransport> *out) {
+  std::unique_ptr<NcclTransport> t(new NcclTransport(api, std::move(host)));
+  NNCOMM_CUDA_CALL(cudaGetDevice, &t->device_);
+  NNCOMM_CUDA_CALL(cudaStreamCreateWithFlags,
+                   reinterpret_cast<cudaStream_t *>(&t->stream_),
+                   cudaStreamNonBlocking);
+  NNCOMM_CUDA_CALL(cudaEventCreateWithFlags,
+                   reinterpret_cast<cudaEvent_t *>(&t->done_),
+                   cudaEventDisableTiming);
+  // Rank 0 makes the id; the host transport hands it to the others.
+  nccl::UniqueId id;
+  std::memset(&id, 0, sizeof id);
+  if (t->rank() == 0) {
+    NNCOMM_RETURN_IF_ERROR(
+        t->nccl_status(api.GetUniqueId(&id), "ncclGetUniqueId"));
+  }
+  static_assert(sizeof id % sizeof(int64_t) == 0, "the id is whole words");
+  {
+    OperationLabel label("creating an NCCL communicator");
+    NNCOMM_RETURN_IF_ERROR(t->host_->bcast(
+        &id, sizeof id / sizeof(int64_t), DType::kInt64, 0));
+  }
+  NNCOMM_RETURN_IF_ERROR(
+      t->nccl_status(api.CommInitRank(&t->comm_, t->size(), id, t->rank()),
+                     "ncclCommInitRank"));
+  *out = std::move(t);
+  return Status::Ok();
+}
+
+NcclTransport::~NcclTransport() {
+  if (comm_ != nullptr) {
+    // A communicator with an operation that never completed cannot be
+    // destroyed (that waits for it).
+    std::string reason;
+    if (broken(&reason))
+      api_.CommAbort(comm_);
+    else
+      api_.CommDestroy(comm_);
+  }
+  if (done_ != nullptr)
+    cudaEventDestroy(static_cast<cudaEvent_t>(done_));
+  if (stream_ != nullptr)
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+Status NcclTransport::launched(nccl::Result result, const char *call,
+                               WorkPtr *work) {
+  NNCOMM_RETURN_IF_ERROR(nccl_status(result, call));
+  NNCOMM_CUDA_CALL(cudaEventRecord, static_cast<cudaEvent_t>(done_),
+                   static_cast<cudaStream_t>(stream_));
+  work->reset(new Launched(*this));
+  return Status::Ok();
+}
+
+Status NcclTransport::start_allreduce(void *buf, size_t count, DType dt,
+                                      float scale, int divisor,
+                                      WorkPtr *work) {
+  NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
+  DeviceScope scope;
+  NNCOMM_RETURN_IF_ERROR(scope.enter(device_));
+  if (scale == 1.0f && (divisor == 1 || divisor == size())) {
+    return launched(api_.AllReduce(buf, buf, count, nccl_type(dt),
+                                   divisor == 1 ? nccl::kSum : nccl::kAvg,
+                                   comm_, stream_),
+                    "ncclAllReduce", work);
+  }
+  // Each rank's share times scale / divisor, summed: the pre-multiplied
+  // sum, whose scalar is of the reduced dtype.
+  const float factor = scale / static_cast<float>(divisor);
+  char scalar[8];
+  convert_scaled(scalar, dt, &factor, DType::kFloat32, 1, 1.0f, 1);
+  nccl::RedOp op = nccl::kSum;
+  NNCOMM_RETURN_IF_ERROR(
+      nccl_status(api_.RedOpCreatePreMulSum(&op, scalar, nccl_type(dt),
+                                            nccl::kHostImmediate, comm_),
+                  "ncclRedOpCreatePreMulSum"));
+  const nccl::Result result =
+      api_.AllReduce(buf, buf, count, nccl_type(dt), op, comm_, stream_);
+  // The operation keeps what it needs once enqueued.
+  api_.RedOpDestroy(op, comm_);
+  return launched(result, "ncclAllReduce", work);
+}
+
+Status NcclTransport::start_reduce(void *buf, size_t count, DType dt,
+                                   int root, WorkPtr *work) {
+  NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
+  DeviceScope scope;
+  NNCOMM_RETURN_IF_ERROR(scope.enter(device_));
+  // The root receives in place; the others' buffers stay as they are.
+  return launched(api_.Reduce(buf, rank() == root ? buf : nullptr, count,
+                              nccl_type(dt), nccl::kSum, root, comm_, stream_),
+                  "ncclReduce", work);
+}
+
+Status NcclTransport::start_bcast(void *buf, size_t count, DType dt, int root,
+                                  WorkPtr *work) {
+  NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
+  DeviceScope scope;
+  NNCOMM_RETURN_IF_ERROR(scope.enter(device_));
+  return launched(api_.Broadcast(buf, buf, count, nccl_type(dt), root, comm_,
+                                 stream_),
+                  "ncclBroadcast", work);
+}
+
+Status NcclTransport::start_allgather(const void *send, void *recv,
+                                      size_t count, DType dt, WorkPtr *work) {
+  NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
+  DeviceScope scope;
+  NNCOMM_RETURN_IF_ERROR(scope.enter(device_));
+  return launched(
+      api_.AllGather(send, recv, count, nccl_type(dt), comm_, stream_),
+      "ncclAllGather", work);
+}
+
+Status NcclTransport::start_reduce_scatter(const void *send, void *recv,
+                                           size_t count, DType dt,
+                                           WorkPtr *work) {
+  NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
+  DeviceScope scope;
+  NNCOMM_RETURN_IF_ERROR(scope.enter(device_));
+  return launched(api_.ReduceScatter(send, recv, count, nccl_type(dt),
+                                     nccl::kSum, comm_, stream_),
+                  "ncclReduceScatter", work);
+}
+
+} // namespace nncomm

@@ -1,0 +1,216 @@
+#include "fake_nccl.hpp"
+
+#include <cuda_runtime.h>
+#include <mpi.h>
+
+#include <cstring>
+#include <vector>
+
+#include "fake_cudart.hpp"
+#include "nncomm/bfloat16.hpp"
+#include "nncomm/host_ops.hpp"
+
+using namespace nncomm;
+
+namespace {
+
+constexpr nccl::Result kInvalidArgument = 4;
+
+struct FakeComm {
+  MPI_Comm comm;
+  int rank;
+  int size;
+};
+
+// What a pre-multiplied sum multiplies each rank's share by, per RedOp
+// handle (handles start above NCCL's built-in operations).
+std::vector<double> premul_scalars;
+constexpr nccl::RedOp kFirstCreated = 16;
+
+DType dtype_of(nccl::DataType dt) {
+  switch (dt) {
+  case 2: return DType::kInt32;
+  case 4: return DType::kInt64;
+  case 6: return DType::kFloat16;
+  case 7: return DType::kFloat32;
+  case 8: return DType::kFloat64;
+  default: return DType::kBFloat16;
+  }
+}
+
+MPI_Datatype mpi_type(DType dt) {
+  switch (dt) {
+  case DType::kInt32: return MPI_INT32_T;
+  case DType::kInt64: return MPI_INT64_T;
+  case DType::kFloat32: return MPI_FLOAT;
+  case DType::kFloat64: return MPI_DOUBLE;
+  default: return MPI_UINT16_T;
+  }
+}
+
+template <typename T> void narrow_sum(void *in, void *inout, int *n, MPI_Datatype *) {
+  const T *a = static_cast<const T *>(in);
+  T *b = static_cast<T *>(inout);
+  for (int i = 0; i < *n; ++i)
+    b[i] = static_cast<T>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+}
+
+MPI_Op sum_op(DType dt) {
+  static MPI_Op half = MPI_OP_NULL, bf16 = MPI_OP_NULL;
+  if (half == MPI_OP_NULL) {
+    MPI_Op_create(&narrow_sum<_Float16>, 1, &half);
+    MPI_Op_create(&narrow_sum<BFloat16>, 1, &bf16);
+  }
+  return dt == DType::kFloat16 ? half : dt == DType::kBFloat16 ? bf16 : MPI_SUM;
+}
+
+// The reduction `op` of `count` elements: each rank's share multiplied (a
+// pre-multiplied sum), summed, divided (average), written to `recv`.
+void reduce(const FakeComm &c, const void *send, void *recv, size_t count,
+            DType dt, nccl::RedOp op, int root) {
+  const size_t bytes = count * dtype_size(dt);
+  std::vector<char> share(static_cast<const char *>(send),
+                          static_cast<const char *>(send) + bytes);
+  if (op >= kFirstCreated) {
+    const float factor = float(premul_scalars[op - kFirstCreated]);
+    convert_scaled(share.data(), dt, share.data(), dt, count, factor, 1);
+  }
+  std::vector<char> sum(bytes);
+  if (root < 0)
+    MPI_Allreduce(share.data(), sum.data(), int(count), mpi_type(dt),
+                  sum_op(dt), c.comm);
+  else
+    MPI_Reduce(share.data(), sum.data(), int(count), mpi_type(dt), sum_op(dt),
+               root, c.comm);
+  if (root >= 0 && c.rank != root)
+    return;
+  if (op == nccl::kAvg)
+    convert_scaled(sum.data(), dt, sum.data(), dt, count, 1.0f, c.size);
+  std::memcpy(recv, sum.data(), bytes);
+}
+
+nccl::Result enqueue(CudaStream stream, std::function<void()> work) {
+  return cudaSuccess ==
+                 nncomm_fake_enqueue(static_cast<cudaStream_t>(stream),
+                                     std::move(work))
+             ? nccl::kSuccess
+             : kInvalidArgument;
+}
+
+const char *error_string(nccl::Result r) {
+  return r == nccl::kSuccess ? "no error" : "fake NCCL error";
+}
+
+nccl::Result get_version(int *v) {
+  *v = 22300;
+  return nccl::kSuccess;
+}
+
+nccl::Result get_unique_id(nccl::UniqueId *id) {
+  for (size_t i = 0; i < sizeof id->internal; ++i)
+    id->internal[i] = char(i * 7 + 3);
+  return nccl::kSuccess;
+}
+
+nccl::Result comm_init_rank(nccl::Comm *comm, int nranks, nccl::UniqueId id,
+                            int rank) {
+  // Every rank must hold rank 0's id: the transport broadcast it.
+  nccl::UniqueId expected;
+  get_unique_id(&expected);
+  if (std::memcmp(&id, &expected, sizeof id) != 0)
+    return kInvalidArgument;
+  FakeComm *c = new FakeComm{MPI_COMM_NULL, rank, nranks};
+  MPI_Comm_dup(MPI_COMM_WORLD, &c->comm);
+  *comm = c;
+  return nccl::kSuccess;
+}
+
+nccl::Result comm_destroy(nccl::Comm comm) {
+  FakeComm *c = static_cast<FakeComm *>(comm);
+  MPI_Comm_free(&c->comm);
+  delete c;
+  return nccl::kSuccess;
+}
+
+nccl::Result comm_get_async_error(nccl::Comm, nccl::Result *error) {
+  *error = nccl::kSuccess;
+  return nccl::kSuccess;
+}
+
+nccl::Result premul_create(nccl::RedOp *op, void *scalar, nccl::DataType dt,
+                           int residence, nccl::Comm) {
+  if (residence != nccl::kHostImmediate)
+    return kInvalidArgument;
+  double value = 0;
+  convert_scaled(&value, DType::kFloat64, scalar, dtype_of(dt), 1, 1.0f, 1);
+  premul_scalars.push_back(value);
+  *op = kFirstCreated + nccl::RedOp(premul_scalars.size() - 1);
+  return nccl::kSuccess;
+}
+
+nccl::Result redop_destroy(nccl::RedOp, nccl::Comm) {
+  return nccl::kSuccess; // enqueued operations keep their scalar
+}
+
+nccl::Result all_reduce(const void *send, void *recv, size_t count,
+                        nccl::DataType dt, nccl::RedOp op, nccl::Comm comm,
+                        CudaStream stream) {
+  const FakeComm c = *static_cast<FakeComm *>(comm);
+  return enqueue(stream,
+                 [=] { reduce(c, send, recv, count, dtype_of(dt), op, -1); });
+}
+
+nccl::Result reduce_to(const void *send, void *recv, size_t count,
+                       nccl::DataType dt, nccl::RedOp op, int root,
+                       nccl::Comm comm, CudaStream stream) {
+  const FakeComm c = *static_cast<FakeComm *>(comm);
+  return enqueue(stream,
+                 [=] { reduce(c, send, recv, count, dtype_of(dt), op, root); });
+}
+
+nccl::Result broadcast(const void *send, void *recv, size_t count,
+                       nccl::DataType dt, int root, nccl::Comm comm,
+                       CudaStream stream) {
+  const FakeComm c = *static_cast<FakeComm *>(comm);
+  return enqueue(stream, [=] {
+    const size_t bytes = count * dtype_size(dtype_of(dt));
+    if (c.rank == root && send != recv)
+      std::memmove(recv, send, bytes);
+    MPI_Bcast(recv, int(bytes), MPI_BYTE, root, c.comm);
+  });
+}
+
+nccl::Result all_gather(const void *send, void *recv, size_t count,
+                        nccl::DataType dt, nccl::Comm comm,
+                        CudaStream stream) {
+  const FakeComm c = *static_cast<FakeComm *>(comm);
+  return enqueue(stream, [=] {
+    const int bytes = int(count * dtype_size(dtype_of(dt)));
+    MPI_Allgather(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, c.comm);
+  });
+}
+
+nccl::Result reduce_scatter(const void *send, void *recv, size_t count,
+                            nccl::DataType dt, nccl::RedOp op,
+                            nccl::Comm comm, CudaStream stream) {
+  const FakeComm c = *static_cast<FakeComm *>(comm);
+  return enqueue(stream, [=] {
+    const DType t = dtype_of(dt);
+    std::vector<char> all(count * c.size * dtype_size(t));
+    reduce(c, send, all.data(), count * c.size, t, op, -1);
+    std::memcpy(recv, all.data() + c.rank * count * dtype_size(t),
+                count * dtype_size(t));
+  });
+}
+
+} // namespace
+
+const NcclApi &fake_nccl() {
+  static const NcclApi api = {
+      get_version,   error_string,        get_unique_id, comm_init_rank,
+      comm_destroy,  comm_destroy,        comm_get_async_error,
+      premul_create, redop_destroy,       all_reduce,    reduce_to,
+      broadcast,     all_gather,          reduce_scatter,
+  };
+  return api;
+}
