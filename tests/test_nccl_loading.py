@@ -1,0 +1,68 @@
+"""NCCL is loaded at run time (src/nccl_api.cpp): a missing library, a
+missing symbol and a too old version are refused with messages that say
+what to install; a good one loads, once per process. Stand-in libraries
+(tests/nccl_loading/fake_libnccl.cpp) play NCCL; no GPU or NCCL needed."""
+import os
+import shutil
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.join(REPO, "tests", "nccl_loading")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no g++ on this machine")
+    out = tmp_path_factory.mktemp("nccl_loading")
+    libraries = {"good": ["-DVERSION=22300"],
+                 "old": ["-DVERSION=21000"],
+                 "partial": ["-DVERSION=21000", "-DWITHOUT_PREMULSUM"]}
+    for name, flags in libraries.items():
+        subprocess.run([cxx, "-shared", "-fPIC", *flags,
+                        os.path.join(HERE, "fake_libnccl.cpp"), "-o",
+                        str(out / f"{name}.so")], check=True, timeout=120)
+    subprocess.run([cxx, "-std=c++17", "-I" + os.path.join(REPO, "include"),
+                    os.path.join(HERE, "try_load.cpp"),
+                    os.path.join(REPO, "src", "nccl_api.cpp"), "-ldl", "-o",
+                    str(out / "try_load")], check=True, timeout=120)
+    return out
+
+
+def load(built, *names):
+    paths = [str(built / f"{n}.so") if n != "missing" else
+             str(built / "no_such_libnccl.so") for n in names]
+    run = subprocess.run([str(built / "try_load"), *paths],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.splitlines()
+
+
+def test_missing_library_says_what_to_install(built):
+    [line] = load(built, "missing")
+    assert "NCCL could not be loaded" in line and "no_such_libnccl" in line
+    assert "pip install nvidia-nccl-cu12" in line
+    assert "NNCOMM_GPU_TRANSPORT=mpi" in line
+
+
+def test_missing_symbol_is_named(built):
+    [line] = load(built, "partial")
+    assert "has no ncclRedOpCreatePreMulSum" in line, line
+    assert "2.11 or newer" in line
+
+
+def test_old_version_is_refused(built):
+    [line] = load(built, "old")
+    assert "NCCL version 21000" in line and "2.11 or newer" in line, line
+
+
+def test_good_library_loads_once(built):
+    # After a failure the loader tries again; once loaded, another path is
+    # refused rather than mixed in.
+    first, second, third = load(built, "missing", "good", "old")
+    assert "could not be loaded" in first
+    assert second == "loaded"
+    assert "loaded from" in third and "cannot load" in third, third
