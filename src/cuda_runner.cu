@@ -60,21 +60,11 @@ Status CudaRunner::start(size_t index, const Bucket &bucket,
   const auto stream = static_cast<cudaStream_t>(transport_.stream());
   NNCOMM_CUDA_CALL(cudaStreamWaitEvent, stream,
                    static_cast<cudaEvent_t>(ready_[index]), 0);
-  const Segment &first = bucket.segments[0];
-  void *ptr = tensors.ptrs[first.tensor];
-  if (bucket.direct && !zeros && ptr != nullptr &&
-      tensors.dtypes[first.tensor] == bucket.dtype) {
-    char *start = static_cast<char *>(ptr) +
-                  first.tensor_offset * dtype_size(bucket.dtype);
-    return transport_.start_allreduce(start, first.count, bucket.dtype, scale,
+  if (void *piece = in_place(bucket, tensors, zeros)) {
+    return transport_.start_allreduce(piece, bucket.count, bucket.dtype, scale,
                                       divisor, work);
   }
-  // Zeros for a rank that failed, or for a gradient never written here.
-  segments_.clear();
-  for (const Segment &s : bucket.segments) {
-    segments_.push_back({zeros ? nullptr : tensors.ptrs[s.tensor],
-                         tensors.dtypes[s.tensor], s.tensor_offset, s.count});
-  }
+  staged_segments(bucket, tensors, zeros, &segments_);
   NNCOMM_RETURN_IF_ERROR(build_pack_table(segments_.data(), segments_.size(),
                                           bucket.dtype, &table_));
   NNCOMM_RETURN_IF_ERROR(

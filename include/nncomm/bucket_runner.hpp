@@ -10,6 +10,7 @@
 
 #include "nncomm/bucket_plan.hpp"
 #include "nncomm/dtype.hpp"
+#include "nncomm/pack.hpp"
 #include "nncomm/status.hpp"
 #include "nncomm/transport.hpp"
 
@@ -47,5 +48,15 @@ public:
   // framework's later work see them. Called on the framework's thread.
   virtual Status close() { return Status::Ok(); }
 };
+
+// What every runner decides the same way. Where a direct bucket of this
+// rank lies, in the planned dtype, to be reduced in place; nullptr when it
+// must go through staging instead (not direct, `zeros`, a gradient never
+// written here, or one in another dtype than planned).
+void *in_place(const Bucket &bucket, const TensorTable &tensors, bool zeros);
+// `bucket`'s segments as the packer takes them (`*segments` refilled):
+// null tensors, read as zeros, with `zeros`.
+void staged_segments(const Bucket &bucket, const TensorTable &tensors,
+                     bool zeros, std::vector<PackSegment> *segments);
 
 } // namespace nncomm
