@@ -4,7 +4,6 @@
 #include <climits>
 #include <cstdio>
 #include <functional>
-#include <sstream>
 #include <string>
 
 #include "nncomm/bfloat16.hpp"
@@ -84,15 +83,6 @@ Status sum_op(DType dt, MPI_Op *op) {
 size_t chunk_elements(DType dt) {
   size_t elems = config::chunk_bytes() / dtype_size(dt);
   return std::max<size_t>(1, std::min<size_t>(elems, INT_MAX));
-}
-
-std::string rank_list(const std::vector<int> &ranks) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < ranks.size(); ++i)
-    out << (i ? ", " : "") << ranks[i];
-  out << "]";
-  return out.str();
 }
 
 // What the stall reports say a rank is doing: the same on every rank making

@@ -37,6 +37,7 @@ void abort_job() {
   std::fflush(stderr);
   std::abort();
 }
+} // namespace
 
 std::string rank_list(const std::vector<int> &ranks) {
   std::ostringstream out;
@@ -46,7 +47,6 @@ std::string rank_list(const std::vector<int> &ranks) {
   out << "]";
   return out.str();
 }
-} // namespace
 
 OperationLabel::OperationLabel(const char *format, size_t a, size_t b)
     : format_(format), a_(a), b_(b), previous_(operation_label) {

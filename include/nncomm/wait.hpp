@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "nncomm/status.hpp"
 #include "nncomm/transport.hpp"
@@ -54,6 +55,9 @@ private:
   size_t a_, b_;
   const OperationLabel *previous_;
 };
+
+// Ranks as the messages of waits list them: "[0, 2]".
+std::string rank_list(const std::vector<int> &ranks);
 
 // `check` runs Python's signal handlers and returns non-zero when one
 // raised. Waiting threads call it about every 100 ms; the engine's thread
