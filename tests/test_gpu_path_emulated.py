@@ -60,7 +60,8 @@ def transports_over_mpi(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine_over_mpi(tmp_path_factory):
     return build(tmp_path_factory, "engine_over_mpi",
-                 ["src/engine.cpp", "src/cuda_runner.cu", "src/cuda_pack.cu",
+                 ["src/engine.cpp", "src/bucket_runner.cpp",
+                  "src/cuda_runner.cu", "src/cuda_pack.cu",
                   "src/launch_tuner.cpp", "src/bucket_plan.cpp",
                   "src/pack.cpp"])
 

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "fake_cudart.hpp"
+#include "mpi_program.hpp"
 #include "nncomm/bucket_plan.hpp"
 #include "nncomm/cuda_runner.hpp"
 #include "nncomm/cuda_staged_transport.hpp"
@@ -32,29 +33,9 @@
 #include "nncomm/mpi_transport.hpp"
 
 using namespace nncomm;
+using namespace program;
 
 namespace {
-
-int rank = 0;
-int ranks = 1;
-size_t checks = 0;
-
-[[noreturn]] void fail(const std::string &what) {
-  std::printf("rank %d: %s\n", rank, what.c_str());
-  std::fflush(stdout);
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::exit(1);
-}
-
-void ok(const Status &s, const char *what) {
-  if (!s.ok())
-    fail(std::string(what) + ": " + s.message());
-}
-
-void cuda(cudaError_t err, const char *what) {
-  if (err != cudaSuccess)
-    fail(std::string(what) + ": " + cudaGetErrorString(err));
-}
 
 // Element i of tensor t on rank r in iteration k: small integers, so that
 // every sum is exact and only the final division rounds.
@@ -173,10 +154,7 @@ void run(uint64_t seed) {
 } // namespace
 
 int main(int argc, char **argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  start(&argc, &argv);
   const uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1;
   nncomm_fake_configure(seed * 131 + rank, 3);
   cuda(cudaSetDevice(rank % 2), "cudaSetDevice");

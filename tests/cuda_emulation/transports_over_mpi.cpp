@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "fake_cudart.hpp"
+#include "mpi_program.hpp"
 #include "fake_nccl.hpp"
 #include "nncomm/cuda_staged_transport.hpp"
 #include "nncomm/nccl_transport.hpp"
@@ -30,29 +31,9 @@
 #include "nncomm/wait.hpp"
 
 using namespace nncomm;
+using namespace program;
 
 namespace {
-
-int rank = 0;
-int ranks = 1;
-size_t checks = 0;
-
-[[noreturn]] void fail(const std::string &what) {
-  std::printf("rank %d: %s\n", rank, what.c_str());
-  std::fflush(stdout);
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::exit(1);
-}
-
-void ok(const Status &s, const char *what) {
-  if (!s.ok())
-    fail(std::string(what) + ": " + s.message());
-}
-
-void cuda(cudaError_t err, const char *what) {
-  if (err != cudaSuccess)
-    fail(std::string(what) + ": " + cudaGetErrorString(err));
-}
 
 // Element i of rank r's input: small integers, so every sum is exact in
 // every dtype and the reference needs no rounding model.
@@ -235,10 +216,7 @@ void check_dtype(DeviceTransport &t, DType dt, size_t n) {
 } // namespace
 
 int main(int argc, char **argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  start(&argc, &argv);
   const uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1;
   const std::string kind = argc > 2 ? argv[2] : "staged";
   nncomm_fake_configure(seed * 131 + rank, 3);
