@@ -53,7 +53,10 @@ Status Engine::begin(float scale, int divisor) {
   std::fill(ptrs_.begin(), ptrs_.end(), nullptr);
   next_ = 0;
   ready_ = 0;
-  active_ = !plan_.empty();
+  // Even without buckets the closing round runs: it is how the ranks
+  // learn that one failed.
+  active_ = true;
+  closing_ = false;
   failed_here_ = failed_elsewhere_ = false;
   failure_.clear();
   error_ = Status::Ok();
@@ -95,9 +98,7 @@ void Engine::fail(const std::string &message) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!active_ || failed_here_)
       return;
-    failed_here_ = true;
-    failure_ = message;
-    std::fill(pending_.begin(), pending_.end(), 0);
+    fail_here(message);
   }
   changed_.notify_all();
 }
@@ -105,6 +106,8 @@ void Engine::fail(const std::string &message) {
 Status Engine::finish() {
   hurry_ = true;
   std::unique_lock<std::mutex> lock(mutex_);
+  closing_ = true;
+  changed_.notify_all();
   // The thread's own waits are bounded; this one also lets Ctrl-C through.
   while (!changed_.wait_for(lock, std::chrono::milliseconds(100),
                             [this] { return !active_; })) {
@@ -137,10 +140,15 @@ void Engine::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     changed_.wait(lock, [this] {
-      return stop_ || (active_ && (next_ == plan_.size() ||
-                                   (pending_[next_] == 0 &&
-                                    (tuner_.next() == Launch::kEager ||
-                                     ready_ == plan_.size() || failed_here_))));
+      if (stop_ || !active_)
+        return stop_;
+      // The closing round waits for finish(), so that a failure of this
+      // rank up to then reaches the others.
+      if (next_ == plan_.size())
+        return closing_ || failed_here_;
+      return pending_[next_] == 0 &&
+             (tuner_.next() == Launch::kEager || ready_ == plan_.size() ||
+              failed_here_);
     });
     if (stop_)
       return;
@@ -165,30 +173,36 @@ void Engine::run() {
     const size_t b = next_;
     lock.unlock();
     Status status;
+    Phase reached;
     {
       OperationLabel label("all_reduce_callback: gradient bucket %zu of %zu",
                            b + 1, plan_.size());
-      status = reduce_bucket(b, failed);
+      status = reduce_bucket(b, failed, &reached);
     }
     lock.lock();
-    if (status.ok()) {
+    if (status.ok() || (reached == Phase::kWritingBack && !failed)) {
+      // Sent; a failure to write it back is this rank's alone.
       ++next_;
-    } else if (!failed && status.code() != StatusCode::kTransport &&
-               status.code() != StatusCode::kCommunicator) {
-      // A failure of this rank alone: the bucket and the rest go out as
-      // zeros and the flag round tells the other ranks.
-      failed_here_ = true;
-      failure_ = status.message();
-      std::fill(pending_.begin(), pending_.end(), 0);
+      if (!status.ok())
+        fail_here(status.message());
+    } else if (reached == Phase::kPreparing && !failed) {
+      // Not sent: it goes out as zeros, with the rest.
+      fail_here(status.message());
     } else {
-      // After an MPI error the ranks no longer agree on what comes next,
-      // so nothing more is sent.
+      // The ranks no longer agree on what comes next (the transport failed,
+      // or they make different calls), so nothing more is sent.
       if (error_.ok())
         error_ = status;
       active_ = false;
       changed_.notify_all();
     }
   }
+}
+
+void Engine::fail_here(const std::string &message) {
+  failed_here_ = true;
+  failure_ = message;
+  std::fill(pending_.begin(), pending_.end(), 0);
 }
 
 Status Engine::close_iteration(bool failed, bool *any_failed, double *seconds) {
@@ -210,12 +224,15 @@ Launch Engine::launch(bool *decided) {
   return tuner_.next();
 }
 
-Status Engine::reduce_bucket(size_t b, bool failed) {
+Status Engine::reduce_bucket(size_t b, bool failed, Phase *reached) {
+  *reached = Phase::kPreparing;
   WorkPtr work;
   NNCOMM_RETURN_IF_ERROR(runner_->start(b, plan_[b],
                                         TensorTable{ptrs_, dtypes_}, scale_,
                                         divisor_, failed, &work));
+  *reached = Phase::kReducing;
   NNCOMM_RETURN_IF_ERROR(wait_for(*work, transport_->rank() == 0, &polling_));
+  *reached = Phase::kWritingBack;
   return runner_->finish();
 }
 

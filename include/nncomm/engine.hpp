@@ -13,9 +13,9 @@
 //
 // A rank that fails locally mid-iteration (fail()) still sends every
 // remaining bucket, zero-filled, so that no rank is left waiting; after the
-// last bucket the ranks sum a failure flag and the iteration's time, so
-// every rank learns whether some rank failed, and every rank's tuner sees
-// the same times.
+// last bucket, once finish() is called, the ranks sum a failure flag and
+// the iteration's time, so every rank learns whether some rank failed
+// before it finished, and every rank's tuner sees the same times.
 #pragma once
 
 #include <atomic>
@@ -74,8 +74,18 @@ public:
 
 private:
   void run();
-  // Reduces bucket `b`; `failed` sends zeros instead.
-  Status reduce_bucket(size_t b, bool failed);
+  // How far a bucket got: a failure while preparing it is this rank's
+  // alone and the bucket can still go out (as zeros); one while it is
+  // reduced is the transport's or the ranks' (they make different calls),
+  // after which nothing more can be sent; one while writing it back is this
+  // rank's alone, the bucket having gone out.
+  enum class Phase { kPreparing, kReducing, kWritingBack };
+  // Reduces bucket `b`; `failed` sends zeros instead. `*reached`: how far
+  // it got.
+  Status reduce_bucket(size_t b, bool failed, Phase *reached);
+  // This rank failed (`message`): the remaining buckets go out as zeros.
+  // Called holding mutex_.
+  void fail_here(const std::string &message);
   // The round after the last bucket: did any rank fail, and how long did
   // the iteration take on all ranks together (for the tuner)?
   Status close_iteration(bool failed, bool *any_failed, double *seconds);
@@ -99,7 +109,8 @@ private:
   // iteration's closing round is recorded.
   LaunchTuner tuner_;
   std::chrono::steady_clock::time_point started_;
-  bool active_ = false; // an iteration is under way
+  bool active_ = false;  // an iteration is under way
+  bool closing_ = false; // finish() was called: the closing round may go
   bool stop_ = false;
   bool failed_here_ = false;
   bool failed_elsewhere_ = false;
