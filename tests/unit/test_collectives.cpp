@@ -1,0 +1,434 @@
+// The list collectives on fake ranks: results against the reference, the
+// messages a fused all_reduce sends, zeroing arrays, roots, gathering and
+// scattering, and calls that differ between ranks.
+#include <algorithm>
+#include <map>
+#include <optional>
+
+#include "check.hpp"
+#include "fake_transport.hpp"
+#include "nncomm/collectives.hpp"
+#include "nncomm/config.hpp"
+#include "reference.hpp"
+
+using namespace nncomm;
+using namespace unit;
+
+namespace {
+
+const DType kFloating[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                           DType::kBFloat16};
+
+struct Spec {
+  DType dtype;
+  size_t count;
+};
+
+// A rank's arrays: nullopt for a zeroing one (nullptr).
+using Arrays = std::vector<std::optional<Array>>;
+
+std::vector<ArrayRef> refs(Arrays &arrays, const std::vector<Spec> &specs) {
+  std::vector<ArrayRef> r;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    r.push_back({arrays[i] ? arrays[i]->data() : nullptr, specs[i].count,
+                 specs[i].dtype});
+  }
+  return r;
+}
+
+Arrays random_arrays(const std::vector<Spec> &specs, std::mt19937_64 &rng) {
+  Arrays arrays;
+  for (const Spec &s : specs)
+    arrays.emplace_back(random_array(s.dtype, s.count, rng));
+  return arrays;
+}
+
+// Elements of `dtype` that reach the direct threshold.
+size_t direct_count(DType dtype) {
+  return config::direct_bytes() / dtype_size(dtype);
+}
+
+// Whether array `s` travels packed into its dtype's message; arrays of no
+// elements travel in none.
+bool fused(const Spec &s, bool fuse) {
+  return fuse && s.count > 0 &&
+         s.count * dtype_size(s.dtype) < config::direct_bytes();
+}
+
+bool direct(const Spec &s, bool fuse) { return s.count > 0 && !fused(s, fuse); }
+
+// Memory for zeroing arrays, handed out by the Materializer and recorded.
+struct Zeroing {
+  std::vector<Spec> specs;
+  std::vector<std::optional<Array>> given; // by array index
+  std::vector<size_t> asked;
+
+  static void *give(void *context, size_t index) {
+    Zeroing &z = *static_cast<Zeroing *>(context);
+    z.asked.push_back(index);
+    std::mt19937_64 rng(index); // stale contents, to be overwritten
+    z.given[index] =
+        random_array(z.specs[index].dtype, z.specs[index].count, rng);
+    return z.given[index]->data();
+  }
+};
+
+// One all_reduce of arrays `specs` over every rank, `arrays[r]` holding
+// rank r's (nullopt: zeroing there); checks the results, which zeroing
+// arrays got memory, and the messages.
+void check_all_reduce(int size, const std::vector<Spec> &specs,
+                      const std::vector<Arrays> &arrays, bool division,
+                      float scale, bool fuse) {
+  FakeWorld world(size);
+  std::vector<Arrays> after = arrays;
+  std::vector<Zeroing> zeroing(size, Zeroing{specs, Arrays(specs.size()), {}});
+  std::vector<std::vector<Call>> sent(size);
+  run_ranks(size, [&](int rank) {
+    auto transport = world.transport(rank);
+    FusionBuffer fusion;
+    std::vector<ArrayRef> list = refs(after[rank], specs);
+    CHECK_OK(all_reduce_list(*transport, fusion, list, division, scale, fuse,
+                             Materializer{&Zeroing::give, &zeroing[rank]}));
+    for (const Call &c : world.calls(rank)) {
+      if (c.kind != OpKind::kCheck)
+        sent[rank].push_back(c);
+    }
+  });
+
+  std::vector<bool> written(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    for (const Arrays &a : arrays)
+      written[i] = written[i] || a[i].has_value();
+  }
+
+  // The message of the first array's dtype first (it carries a flag per
+  // array saying which were written somewhere), then each other dtype's, in
+  // order of first appearance, if one of its arrays was written somewhere,
+  // then each direct array written somewhere.
+  std::vector<DType> dtypes = {specs[0].dtype};
+  std::map<DType, size_t> counts;
+  std::map<DType, bool> wanted;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const DType dt = specs[i].dtype;
+    if (!fused(specs[i], fuse))
+      continue;
+    if (std::find(dtypes.begin(), dtypes.end(), dt) == dtypes.end())
+      dtypes.push_back(dt);
+    counts[dt] += specs[i].count;
+    wanted[dt] = wanted[dt] || written[i];
+  }
+  std::vector<Call> expected = {{OpKind::kAllreduce,
+                                 counts[dtypes[0]] + specs.size(),
+                                 dtypes[0]}};
+  for (size_t k = 1; k < dtypes.size(); ++k) {
+    if (wanted[dtypes[k]])
+      expected.push_back({OpKind::kAllreduce, counts[dtypes[k]], dtypes[k]});
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (direct(specs[i], fuse) && written[i])
+      expected.push_back({OpKind::kAllreduce, specs[i].count, specs[i].dtype});
+  }
+  for (int r = 0; r < size; ++r)
+    CHECK_EQ(sent[r], expected);
+
+  // Arrays zeroing here get memory where some rank wrote them, and only
+  // there; arrays zeroing everywhere stay as they are.
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::vector<const Array *> shares;
+    for (const Arrays &a : arrays)
+      shares.push_back(a[i] ? &*a[i] : nullptr);
+    const Array want = reduced(shares, specs[i].dtype, scale,
+                               division ? size : 1, specs[i].dtype);
+    for (int r = 0; r < size; ++r) {
+      const std::optional<Array> &got =
+          arrays[r][i] ? after[r][i] : zeroing[r].given[i];
+      CHECK_EQ(got.has_value(), written[i]);
+      if (got)
+        CHECK_SAME(*got, want);
+    }
+  }
+  for (int r = 0; r < size; ++r) {
+    std::vector<size_t> needed;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (!arrays[r][i] && written[i])
+        needed.push_back(i);
+    }
+    std::sort(zeroing[r].asked.begin(), zeroing[r].asked.end());
+    CHECK_EQ(zeroing[r].asked, needed);
+  }
+}
+
+} // namespace
+
+TEST(all_reduce_list_sends_one_message_per_dtype_and_direct_array) {
+  std::mt19937_64 rng(1);
+  const std::vector<Spec> specs = {{DType::kFloat32, 17},
+                                   {DType::kFloat16, 5},
+                                   {DType::kFloat32,
+                                    direct_count(DType::kFloat32)},
+                                   {DType::kFloat64, 9},
+                                   {DType::kFloat16, 1},
+                                   {DType::kBFloat16, 0}};
+  for (int size : {2, 3, 4}) {
+    for (bool fuse : {true, false}) {
+      std::vector<Arrays> arrays;
+      for (int r = 0; r < size; ++r)
+        arrays.push_back(random_arrays(specs, rng));
+      check_all_reduce(size, specs, arrays, true, 0.5f, fuse);
+    }
+  }
+}
+
+TEST(all_reduce_list_skips_arrays_zeroing_everywhere) {
+  // Array 1 (float16, fused) and 2 (direct) are zeroing on every rank,
+  // array 3 written on rank 1 only: its message is sent, theirs not.
+  std::mt19937_64 rng(2);
+  const std::vector<Spec> specs = {{DType::kFloat32, 8},
+                                   {DType::kFloat16, 5},
+                                   {DType::kFloat32,
+                                    direct_count(DType::kFloat32) + 3},
+                                   {DType::kFloat64, 6}};
+  for (int size : {2, 3, 4}) {
+    std::vector<Arrays> arrays;
+    for (int r = 0; r < size; ++r) {
+      arrays.push_back(random_arrays(specs, rng));
+      arrays[r][1].reset();
+      arrays[r][2].reset();
+      if (r != 1)
+        arrays[r][3].reset();
+    }
+    check_all_reduce(size, specs, arrays, false, -1.25f, true);
+  }
+}
+
+TEST(all_reduce_list_random_lists) {
+  std::mt19937_64 rng(3);
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  for (int c = 0; c < 30; ++c) {
+    const int size = 2 + c % 3;
+    // Integers only as they are: no scale, no division.
+    const bool integers = pick(4) == 0;
+    const float scales[] = {1.0f, 0.5f, -1.25f, 3.0f};
+    const float scale = integers ? 1.0f : scales[pick(4)];
+    const bool division = !integers && pick(2) == 0;
+    std::vector<Spec> specs;
+    for (size_t n = 1 + pick(8); specs.size() < n;) {
+      const DType dt = integers && pick(2) == 0 ? DType::kInt32
+                                                : kFloating[pick(4)];
+      const size_t counts[] = {0, direct_count(dt) + pick(3), 1 + pick(300)};
+      const size_t roll = pick(12);
+      specs.push_back({dt, counts[roll == 0 ? 0 : roll == 1 ? 1 : 2]});
+    }
+    std::vector<Arrays> arrays;
+    for (int r = 0; r < size; ++r)
+      arrays.push_back(random_arrays(specs, rng));
+    // Some arrays zeroing on some ranks, some on all.
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const size_t mode = pick(6);
+      for (int r = 0; r < size; ++r) {
+        if (mode == 0 || (mode == 1 && pick(2) == 0))
+          arrays[r][i].reset();
+      }
+    }
+    check_all_reduce(size, specs, arrays, division, scale, pick(2) == 0);
+  }
+}
+
+TEST(reduce_list_to_each_root) {
+  std::mt19937_64 rng(4);
+  const std::vector<Spec> specs = {{DType::kFloat16, 7},
+                                   {DType::kFloat32,
+                                    direct_count(DType::kFloat32)},
+                                   {DType::kFloat64, 3},
+                                   {DType::kFloat16, 30},
+                                   {DType::kFloat64, 0},
+                                   {DType::kBFloat16, 4}};
+  for (int size : {2, 3, 4}) {
+    for (int root = 0; root < size; ++root) {
+      for (bool fuse : {true, false}) {
+        const bool division = root % 2 == 0;
+        std::vector<Arrays> before;
+        for (int r = 0; r < size; ++r)
+          before.push_back(random_arrays(specs, rng));
+        std::vector<Arrays> after = before;
+        FakeWorld world(size);
+        run_ranks(size, [&](int rank) {
+          auto transport = world.transport(rank);
+          FusionBuffer fusion;
+          CHECK_OK(reduce_list(*transport, fusion, refs(after[rank], specs),
+                               root, division, fuse));
+        });
+        for (size_t i = 0; i < specs.size(); ++i) {
+          std::vector<const Array *> shares;
+          for (const Arrays &a : before)
+            shares.push_back(&*a[i]);
+          const Array sum = reduced(shares, specs[i].dtype, 1.0f,
+                                    division ? size : 1, specs[i].dtype);
+          for (int r = 0; r < size; ++r)
+            CHECK_SAME(*after[r][i], r == root ? sum : *before[r][i]);
+        }
+      }
+    }
+  }
+}
+
+TEST(bcast_list_from_each_root) {
+  std::mt19937_64 rng(5);
+  const std::vector<Spec> specs = {{DType::kInt64, 3},
+                                   {DType::kFloat32,
+                                    direct_count(DType::kFloat32)},
+                                   {DType::kFloat16, 11},
+                                   {DType::kFloat16, 0},
+                                   {DType::kInt64, 2}};
+  for (int size : {2, 3, 4}) {
+    for (int root = 0; root < size; ++root) {
+      for (bool fuse : {true, false}) {
+        std::vector<Arrays> before;
+        for (int r = 0; r < size; ++r)
+          before.push_back(random_arrays(specs, rng));
+        std::vector<Arrays> after = before;
+        FakeWorld world(size);
+        run_ranks(size, [&](int rank) {
+          auto transport = world.transport(rank);
+          FusionBuffer fusion;
+          CHECK_OK(bcast_list(*transport, fusion, refs(after[rank], specs),
+                              root, fuse));
+        });
+        for (int r = 0; r < size; ++r) {
+          for (size_t i = 0; i < specs.size(); ++i)
+            CHECK_SAME(*after[r][i], *before[root][i]);
+        }
+      }
+    }
+  }
+}
+
+TEST(all_gather_into_one_array_or_a_list) {
+  std::mt19937_64 rng(6);
+  const size_t n = 13;
+  for (int size : {2, 3, 4}) {
+    for (DType dt : kFloating) {
+      std::vector<Array> send;
+      for (int r = 0; r < size; ++r)
+        send.push_back(random_array(dt, n, rng));
+      std::vector<Array> whole(size, Array(dt, size * n));
+      std::vector<std::vector<Array>> parts(
+          size, std::vector<Array>(size, Array(dt, n)));
+      FakeWorld world(size);
+      run_ranks(size, [&](int rank) {
+        auto transport = world.transport(rank);
+        FusionBuffer fusion;
+        const ArrayRef mine{send[rank].data(), n, dt};
+        CHECK_OK(all_gather(*transport, fusion, mine,
+                            {{whole[rank].data(), size * n, dt}}));
+        std::vector<ArrayRef> list;
+        for (Array &p : parts[rank])
+          list.push_back({p.data(), n, dt});
+        CHECK_OK(all_gather(*transport, fusion, mine, list));
+      });
+      for (int r = 0; r < size; ++r) {
+        for (int q = 0; q < size; ++q) {
+          CHECK_SAME(whole[r].slice(q * n, n), send[q]);
+          CHECK_SAME(parts[r][q], send[q]);
+        }
+      }
+    }
+  }
+}
+
+TEST(reduce_scatter_from_one_array_or_a_list) {
+  std::mt19937_64 rng(7);
+  const size_t n = 9;
+  for (int size : {2, 3, 4}) {
+    for (DType dt : kFloating) {
+      for (bool division : {false, true}) {
+        std::vector<Array> whole;
+        for (int r = 0; r < size; ++r)
+          whole.push_back(random_array(dt, size * n, rng));
+        std::vector<Array> from_whole(size, Array(dt, n));
+        std::vector<Array> from_list(size, Array(dt, n));
+        FakeWorld world(size);
+        run_ranks(size, [&](int rank) {
+          auto transport = world.transport(rank);
+          FusionBuffer fusion;
+          CHECK_OK(reduce_scatter(*transport, fusion,
+                                  {{whole[rank].data(), size * n, dt}},
+                                  {from_whole[rank].data(), n, dt}, division));
+          std::vector<Array> blocks;
+          for (int q = 0; q < size; ++q)
+            blocks.push_back(whole[rank].slice(q * n, n));
+          std::vector<ArrayRef> list;
+          for (Array &b : blocks)
+            list.push_back({b.data(), n, dt});
+          CHECK_OK(reduce_scatter(*transport, fusion, list,
+                                  {from_list[rank].data(), n, dt}, division));
+        });
+        for (int r = 0; r < size; ++r) {
+          std::vector<Array> blocks;
+          for (const Array &w : whole)
+            blocks.push_back(w.slice(r * n, n));
+          std::vector<const Array *> shares;
+          for (const Array &b : blocks)
+            shares.push_back(&b);
+          const Array want =
+              reduced(shares, dt, 1.0f, division ? size : 1, dt);
+          CHECK_SAME(from_whole[r], want);
+          CHECK_SAME(from_list[r], want);
+        }
+      }
+    }
+  }
+}
+
+TEST(collectives_refuse_calls_that_differ_between_ranks) {
+  for (int size : {2, 3, 4}) {
+    FakeWorld world(size);
+    std::vector<Array> data(size, Array(DType::kFloat32, 5));
+    run_ranks(size, [&](int rank) {
+      auto transport = world.transport(rank);
+      FusionBuffer fusion;
+      auto call = [&](size_t count) {
+        std::vector<ArrayRef> list = {{data[rank].data(), count,
+                                       DType::kFloat32}};
+        return all_reduce_list(*transport, fusion, list, false, 1.0f, true,
+                               Materializer{nullptr, nullptr});
+      };
+      // The last rank passes 5 elements, the others 4: every rank fails.
+      Status differ = call(rank == size - 1 ? 5 : 4);
+      CHECK_EQ(differ.code(), StatusCode::kInvalidArgument);
+      CHECK_CONTAINS(differ.message(), "make different calls");
+      CHECK_CONTAINS(differ.message(), "all_reduce of 1 arrays");
+      // Nothing was sent; the same call everywhere then goes through.
+      CHECK_OK(call(4));
+      // A call this rank compared before is not compared again: the last
+      // rank's new one meets the others' message and fails there, on
+      // every rank.
+      differ = call(rank == size - 1 ? 3 : 4);
+      CHECK_EQ(differ.code(), StatusCode::kInvalidArgument);
+      CHECK_CONTAINS(differ.message(), "make different calls");
+    });
+  }
+}
+
+TEST(collectives_compare_calls_as_configured) {
+  // NNCOMM_CHECK_CALLS: a signature compared the first time it comes
+  // (unset), every time (1), never (0).
+  const config::CallChecks checks = config::check_calls();
+  const size_t expected = checks == config::CallChecks::kOff     ? 0
+                          : checks == config::CallChecks::kEvery ? 3
+                                                                 : 1;
+  FakeWorld world(2);
+  std::vector<Array> data(2, Array(DType::kFloat64, 4));
+  run_ranks(2, [&](int rank) {
+    auto transport = world.transport(rank);
+    FusionBuffer fusion;
+    for (int k = 0; k < 3; ++k) {
+      CHECK_OK(bcast_list(*transport, fusion,
+                          {{data[rank].data(), 4, DType::kFloat64}}, 1, true));
+    }
+    const std::vector<Call> calls = world.calls(rank);
+    CHECK_EQ(static_cast<size_t>(std::count(calls.begin(), calls.end(),
+                                            Call{OpKind::kCheck})),
+             expected);
+  });
+}

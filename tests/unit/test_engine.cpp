@@ -1,0 +1,610 @@
+// The engine on fake ranks: buckets reduced right and issued in plan order
+// on every rank whatever order gradients become ready in, under the
+// schedule NNCOMM_LAUNCH sets for the process (tests/test_unit.py runs
+// these under each); the tuner deciding alike on every rank; and the
+// failures: a rank that fails, a local error, a transport error, a begin()
+// too early.
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "check.hpp"
+#include "fake_transport.hpp"
+#include "nncomm/config.hpp"
+#include "nncomm/engine.hpp"
+#include "nncomm/host_runner.hpp"
+#include "reference.hpp"
+
+using namespace nncomm;
+using namespace unit;
+
+namespace {
+
+constexpr DType kWire = DType::kFloat32;
+constexpr int kPollUs = 50;
+
+// The one call to the planner.
+std::vector<Bucket> plan(const std::vector<TensorSpec> &specs,
+                         const std::vector<size_t> &order, size_t pack_size,
+                         bool keep_dtype, size_t direct_bytes) {
+  return plan_buckets(specs, order, pack_size, keep_dtype, kWire,
+                      direct_bytes);
+}
+
+struct Model {
+  std::vector<TensorSpec> specs;
+  std::vector<Bucket> plan;
+};
+
+// Tensors in order 0, 1, ...: `counts` float32 elements, `pack_size` per
+// bucket, none direct.
+Model simple_model(const std::vector<size_t> &counts, size_t pack_size) {
+  Model m;
+  std::vector<size_t> order;
+  for (size_t c : counts) {
+    order.push_back(m.specs.size());
+    m.specs.push_back({c, DType::kFloat32});
+  }
+  m.plan = plan(m.specs, order, pack_size, false, size_t(1) << 40);
+  return m;
+}
+
+// Random tensors (some float16, some empty), order, bucket size, dtype
+// policy and direct threshold; 1 to `max_buckets` buckets.
+Model random_model(std::mt19937_64 &rng, size_t max_buckets) {
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  for (;;) {
+    Model m;
+    const size_t n = 1 + pick(10);
+    for (size_t t = 0; t < n; ++t) {
+      const size_t counts[] = {0, 1, 1 + pick(40), 100 + pick(1900)};
+      m.specs.push_back({counts[pick(4)], pick(10) < 3 ? DType::kFloat16
+                                                       : DType::kFloat32});
+    }
+    std::vector<size_t> order(n);
+    for (size_t t = 0; t < n; ++t)
+      order[t] = t;
+    std::shuffle(order.begin(), order.end(), rng);
+    const size_t pack_sizes[] = {5, 64, 300, 4096};
+    const size_t direct_bytes[] = {200, 1200, size_t(1) << 40};
+    m.plan = plan(m.specs, order, pack_sizes[pick(4)], pick(2) == 0,
+                  direct_bytes[pick(3)]);
+    if (!m.plan.empty() && m.plan.size() <= max_buckets)
+      return m;
+  }
+}
+
+// Rank `rank`'s engine over `model`, prepared.
+std::unique_ptr<Engine> engine_on(FakeWorld &world, int rank,
+                                  const Model &model) {
+  std::unique_ptr<FakeTransport> transport = world.transport(rank);
+  auto runner = std::make_unique<HostRunner>(*transport);
+  auto engine =
+      std::make_unique<Engine>(std::move(transport), std::move(runner),
+                               model.specs.size(), model.plan, kPollUs);
+  CHECK_OK(engine->prepare());
+  return engine;
+}
+
+std::vector<std::unique_ptr<Engine>> engines_on(FakeWorld &world,
+                                                const Model &model) {
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < world.size(); ++r)
+    engines.push_back(engine_on(world, r, model));
+  return engines;
+}
+
+// The calls of `iterations` iterations over `plan`, the same on every rank:
+// its buckets in order, then the closing round.
+std::vector<Call> iteration_calls(const std::vector<Bucket> &plan,
+                                  int iterations = 1) {
+  std::vector<Call> calls;
+  for (int i = 0; i < iterations; ++i) {
+    for (const Bucket &b : plan)
+      calls.push_back({OpKind::kAllreduce, b.count, b.dtype});
+    calls.push_back({OpKind::kAllreduce, 2, DType::kInt64});
+  }
+  return calls;
+}
+
+// A rank's gradients: by tensor, its values in the dtype it is marked
+// ready with, or none (marked with nullptr: never written on this rank).
+using Gradients = std::vector<std::optional<Array>>;
+
+Gradients planned_gradients(const Model &model, std::mt19937_64 &rng) {
+  Gradients g;
+  for (const TensorSpec &s : model.specs)
+    g.emplace_back(random_array(s.dtype, s.count, rng));
+  return g;
+}
+
+// Mostly as planned; now and then in the other dtype, or none.
+Gradients random_gradients(const Model &model, std::mt19937_64 &rng) {
+  Gradients g;
+  for (const TensorSpec &s : model.specs) {
+    const size_t roll = rng() % 20;
+    const DType other = s.dtype == DType::kFloat32 ? DType::kFloat16
+                                                   : DType::kFloat32;
+    if (roll == 0)
+      g.emplace_back();
+    else
+      g.emplace_back(random_array(roll < 3 ? other : s.dtype, s.count, rng));
+  }
+  return g;
+}
+
+// Marks `g`'s tensors ready in a random order and the last ones after a
+// pause, so that some buckets are reduced while others wait.
+void mark_all(Engine &engine, const Model &model, Gradients &g,
+              std::mt19937_64 &rng) {
+  std::vector<size_t> order(g.size());
+  for (size_t t = 0; t < g.size(); ++t)
+    order[t] = t;
+  std::shuffle(order.begin(), order.end(), rng);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const size_t t = order[i];
+    if (i == order.size() / 2)
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
+    engine.mark_ready(t, g[t] ? g[t]->data() : nullptr,
+                      g[t] ? g[t]->dtype() : model.specs[t].dtype);
+  }
+}
+
+// One iteration on every rank, each marking from its own thread (as
+// backward's hook does); returns each rank's finish().
+std::vector<Status> iterate(std::vector<std::unique_ptr<Engine>> &engines,
+                            const Model &model, std::vector<Gradients> &g,
+                            float scale, int divisor, uint64_t seed) {
+  std::vector<Status> finished(engines.size());
+  run_ranks(static_cast<int>(engines.size()), [&](int rank) {
+    std::mt19937_64 rng(seed + rank);
+    CHECK_OK(engines[rank]->begin(scale, divisor));
+    mark_all(*engines[rank], model, g[rank], rng);
+    finished[rank] = engines[rank]->finish();
+  });
+  return finished;
+}
+
+// The wire dtype tensor `t` travels in (all its buckets have one).
+DType wire_of(const Model &model, size_t t) {
+  for (const Bucket &b : model.plan) {
+    for (size_t u : b.tensors) {
+      if (u == t)
+        return b.dtype;
+    }
+  }
+  return kWire;
+}
+
+// Checks that `after` holds the reduction of `before` on every rank.
+void check_reduced(const Model &model, const std::vector<Gradients> &before,
+                   const std::vector<Gradients> &after, float scale,
+                   int divisor) {
+  for (size_t t = 0; t < model.specs.size(); ++t) {
+    std::vector<const Array *> shares;
+    for (const Gradients &g : before)
+      shares.push_back(g[t] ? &*g[t] : nullptr);
+    for (size_t r = 0; r < after.size(); ++r) {
+      if (after[r][t]) {
+        CHECK_SAME(*after[r][t], reduced(shares, wire_of(model, t), scale,
+                                         divisor, after[r][t]->dtype()));
+      }
+    }
+  }
+}
+
+Launch first_launch() {
+  return config::engine_launch().value_or(Launch::kEager);
+}
+
+} // namespace
+
+TEST(engine_reduces_random_plans_in_plan_order) {
+  std::mt19937_64 rng(11);
+  const float scales[] = {1.0f, 0.5f, 3.0f, -1.25f, 0.1f};
+  const int iterations = 3;
+  size_t direct = 0, half = 0; // buckets of the cases, for their coverage
+  for (int c = 0; c < 18; ++c) {
+    const int size = 2 + c % 3;
+    const Model model = random_model(rng, 60);
+    for (const Bucket &b : model.plan) {
+      direct += b.direct;
+      half += b.dtype == DType::kFloat16;
+    }
+    FakeWorld world(size);
+    for (int r = 0; r < size; ++r)
+      world.set_delay(r, std::chrono::microseconds(rng() % 200));
+    auto engines = engines_on(world, model);
+    for (int i = 0; i < iterations; ++i) {
+      const float scale = scales[rng() % 5];
+      const int divisors[] = {1, 2, 3, size};
+      const int divisor = divisors[rng() % 4];
+      std::vector<Gradients> before;
+      for (int r = 0; r < size; ++r)
+        before.push_back(random_gradients(model, rng));
+      std::vector<Gradients> after = before;
+      for (const Status &s : iterate(engines, model, after, scale, divisor,
+                                     rng()))
+        CHECK_OK(s);
+      check_reduced(model, before, after, scale, divisor);
+    }
+    for (int r = 0; r < size; ++r)
+      CHECK_EQ(world.calls(r), iteration_calls(model.plan, iterations));
+  }
+  CHECK(direct > 0 && half > 0);
+}
+
+TEST(engine_launches_as_the_schedule_says) {
+  const Model model = simple_model({10, 10, 10, 10}, 10);
+  for (int size : {2, 3, 4}) {
+    FakeWorld world(size);
+    auto engines = engines_on(world, model);
+    std::mt19937_64 rng(size);
+    std::vector<Gradients> before;
+    for (int r = 0; r < size; ++r)
+      before.push_back(planned_gradients(model, rng));
+    std::vector<Gradients> after = before;
+    run_ranks(size, [&](int rank) {
+      Engine &engine = *engines[rank];
+      bool decided = false;
+      CHECK_EQ(engine.launch(&decided), first_launch());
+      CHECK_OK(engine.begin(1.0f, 1));
+      engine.mark_ready(0, after[rank][0]->data(), DType::kFloat32);
+      if (first_launch() == Launch::kEager) {
+        // The first bucket goes out alone.
+        const auto deadline =
+            std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (world.log(rank).empty() &&
+               std::chrono::steady_clock::now() < deadline)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        CHECK_EQ(world.log(rank).size(), size_t(1));
+      } else {
+        // Nothing goes out before the last gradient is ready.
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        CHECK(world.log(rank).empty());
+      }
+      for (size_t t = 1; t < model.specs.size(); ++t)
+        engine.mark_ready(t, after[rank][t]->data(), DType::kFloat32);
+      CHECK_OK(engine.finish());
+    });
+    check_reduced(model, before, after, 1.0f, 1);
+  }
+}
+
+TEST(engine_tuner_decides_alike_on_every_rank) {
+  // Eager twice untimed, then deferred and eager alternately, three
+  // iterations each (launch_tuner.hpp).
+  const Launch kAuto[] = {Launch::kEager,    Launch::kEager,
+                          Launch::kDeferred, Launch::kEager,
+                          Launch::kDeferred, Launch::kEager,
+                          Launch::kDeferred, Launch::kEager};
+  const Model model = simple_model({300, 7, 1000}, 256);
+  const int size = 3;
+  FakeWorld world(size);
+  // Ranks of different speeds: each sees its own times, but the tuner is
+  // fed their sum, the same everywhere.
+  for (int r = 0; r < size; ++r)
+    world.set_delay(r, std::chrono::microseconds(400 * r));
+  auto engines = engines_on(world, model);
+  std::vector<Launch> chosen(size);
+  run_ranks(size, [&](int rank) {
+    std::mt19937_64 rng(rank);
+    for (int i = 0; i <= 8; ++i) {
+      bool decided = false;
+      const Launch next = engines[rank]->launch(&decided);
+      if (config::engine_launch()) {
+        CHECK(decided);
+        CHECK_EQ(next, *config::engine_launch());
+      } else {
+        CHECK_EQ(decided, i == 8);
+        if (i < 8)
+          CHECK_EQ(next, kAuto[i]);
+      }
+      chosen[rank] = next;
+      Gradients g = planned_gradients(model, rng);
+      CHECK_OK(engines[rank]->begin(1.0f, 1));
+      mark_all(*engines[rank], model, g, rng);
+      CHECK_OK(engines[rank]->finish());
+    }
+  });
+  for (int r = 1; r < size; ++r)
+    CHECK_EQ(chosen[r], chosen[0]);
+}
+
+TEST(engine_converts_a_tensor_marked_in_another_dtype) {
+  // One direct bucket per tensor; rank 0 holds tensor 0 in float16.
+  Model model;
+  model.specs = {{64, DType::kFloat32}, {64, DType::kFloat32}};
+  model.plan = plan(model.specs, {0, 1}, 64, false, 64 * 4);
+  CHECK(model.plan.size() == 2 && model.plan[0].direct);
+  std::mt19937_64 rng(5);
+  FakeWorld world(2);
+  auto engines = engines_on(world, model);
+  std::vector<Gradients> before = {planned_gradients(model, rng),
+                                   planned_gradients(model, rng)};
+  before[0][0] = random_array(DType::kFloat16, 64, rng);
+  std::vector<Gradients> after = before;
+  for (const Status &s : iterate(engines, model, after, 0.5f, 3, 1))
+    CHECK_OK(s);
+  check_reduced(model, before, after, 0.5f, 3);
+  // The same call on both ranks; reduced in place only where the dtype is
+  // the planned one.
+  for (int r = 0; r < 2; ++r)
+    CHECK_EQ(world.calls(r), iteration_calls(model.plan));
+  CHECK(world.log(0)[0].buffer != after[0][0]->data());
+  CHECK(world.log(1)[0].buffer == after[1][0]->data());
+  CHECK(world.log(0)[1].buffer == after[0][1]->data());
+}
+
+TEST(engine_failed_rank_fails_every_rank_and_writes_nothing) {
+  const Model model = simple_model({5, 300, 40, 1}, 64);
+  for (int size : {2, 3, 4}) {
+    const int failing = size - 1;
+    FakeWorld world(size);
+    auto engines = engines_on(world, model);
+    std::mt19937_64 rng(size);
+    std::vector<Gradients> before;
+    for (int r = 0; r < size; ++r)
+      before.push_back(planned_gradients(model, rng));
+    std::vector<Gradients> after = before;
+    std::vector<Status> finished(size);
+    run_ranks(size, [&](int rank) {
+      std::mt19937_64 marking(rank);
+      CHECK_OK(engines[rank]->begin(1.0f, size));
+      if (rank == failing)
+        engines[rank]->fail("backward failed here");
+      // Ignored on the failed rank: its gradients stay as they are.
+      mark_all(*engines[rank], model, after[rank], marking);
+      finished[rank] = engines[rank]->finish();
+    });
+    for (int r = 0; r < size; ++r) {
+      CHECK_EQ(finished[r].code(), StatusCode::kRuntimeError);
+      CHECK_CONTAINS(finished[r].message(),
+                     r == failing ? "backward failed here"
+                                  : "another rank of the group failed");
+      // The remaining buckets still went out, as zeros from the failed
+      // rank, so no rank was left waiting.
+      CHECK_EQ(world.calls(r), iteration_calls(model.plan));
+    }
+    for (size_t t = 0; t < model.specs.size(); ++t)
+      CHECK_SAME(*after[failing][t], *before[failing][t]);
+
+    // The next iteration is whole again.
+    before = after;
+    for (const Status &s : iterate(engines, model, after, 1.0f, size, 7))
+      CHECK_OK(s);
+    check_reduced(model, before, after, 1.0f, size);
+  }
+}
+
+TEST(engine_local_error_fails_every_rank) {
+  // Tensors 0 and 1 share a staged bucket; rank 0 gives tensor 1 at an
+  // address not aligned to its elements, which packing refuses.
+  const Model model = simple_model({3, 4, 50}, 10);
+  const int size = 3;
+  FakeWorld world(size);
+  auto engines = engines_on(world, model);
+  std::mt19937_64 rng(3);
+  std::vector<Gradients> g;
+  for (int r = 0; r < size; ++r)
+    g.push_back(planned_gradients(model, rng));
+  Array unaligned(DType::kFloat32, 5);
+  std::vector<Status> finished(size);
+  run_ranks(size, [&](int rank) {
+    CHECK_OK(engines[rank]->begin(1.0f, 1));
+    for (size_t t = 0; t < model.specs.size(); ++t) {
+      void *ptr = g[rank][t]->data();
+      if (rank == 0 && t == 1)
+        ptr = static_cast<char *>(unaligned.data()) + 1;
+      engines[rank]->mark_ready(t, ptr, DType::kFloat32);
+    }
+    finished[rank] = engines[rank]->finish();
+  });
+  for (int r = 0; r < size; ++r) {
+    CHECK_EQ(finished[r].code(), StatusCode::kRuntimeError);
+    CHECK_CONTAINS(finished[r].message(),
+                   r == 0 ? "not aligned" : "another rank of the group failed");
+    // The refused bucket went out once, as zeros.
+    CHECK_EQ(world.calls(r), iteration_calls(model.plan));
+  }
+}
+
+// A runner whose write-back fails once on the rank given, after the
+// bucket's reduction completed.
+class FailingWriteBack : public HostRunner {
+public:
+  FailingWriteBack(Transport &t, bool fails) : HostRunner(t), fails_(fails) {}
+  Status finish() override {
+    const Status s = HostRunner::finish();
+    if (fails_ && calls_++ == 0)
+      return Status::RuntimeError("write-back failed on this rank");
+    return s;
+  }
+
+private:
+  const bool fails_;
+  int calls_ = 0;
+};
+
+TEST(engine_failed_write_back_is_not_sent_again) {
+  // The bucket went out before its write-back failed: the failing rank
+  // sends the rest as zeros, never that bucket twice.
+  const Model model = simple_model({8, 8, 8}, 8);
+  const int size = 2;
+  FakeWorld world(size);
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < size; ++r) {
+    std::unique_ptr<FakeTransport> t = world.transport(r);
+    auto runner = std::make_unique<FailingWriteBack>(*t, r == 0);
+    engines.push_back(std::make_unique<Engine>(
+        std::move(t), std::move(runner), model.specs.size(), model.plan,
+        kPollUs));
+    CHECK_OK(engines.back()->prepare());
+  }
+  std::mt19937_64 rng(5);
+  std::vector<Gradients> g;
+  for (int r = 0; r < size; ++r)
+    g.push_back(planned_gradients(model, rng));
+  const std::vector<Status> finished = iterate(engines, model, g, 1.0f, 1, 6);
+  for (int r = 0; r < size; ++r) {
+    CHECK_EQ(finished[r].code(), StatusCode::kRuntimeError);
+    CHECK_CONTAINS(finished[r].message(),
+                   r == 0 ? "write-back failed"
+                          : "another rank of the group failed");
+    CHECK_EQ(world.calls(r), iteration_calls(model.plan));
+  }
+}
+
+TEST(engine_without_buckets_still_tells_a_failure) {
+  // Every gradient unreached: no bucket, but a rank's failure still
+  // reaches the others through the closing round.
+  const Model model = simple_model({}, 8);
+  const int size = 3;
+  FakeWorld world(size);
+  auto engines = engines_on(world, model);
+  std::vector<Status> finished(size);
+  run_ranks(size, [&](int rank) {
+    CHECK_OK(engines[rank]->begin(1.0f, 1));
+    if (rank == 1)
+      engines[rank]->fail("this rank failed");
+    finished[rank] = engines[rank]->finish();
+  });
+  for (int r = 0; r < size; ++r) {
+    CHECK_CONTAINS(finished[r].message(),
+                   r == 1 ? "this rank failed"
+                          : "another rank of the group failed");
+    CHECK_EQ(world.calls(r), iteration_calls(model.plan));
+  }
+}
+
+TEST(engine_ranks_with_different_plans_fail_as_such) {
+  // Rank 0 planned buckets of another size: the first bucket's call
+  // differs, which every rank reports as such, and nothing more is sent.
+  const Model mine = simple_model({8, 8}, 8);
+  const Model other = simple_model({8, 8}, 16);
+  const int size = 2;
+  FakeWorld world(size);
+  std::vector<std::unique_ptr<Engine>> engines;
+  engines.push_back(engine_on(world, 0, other));
+  engines.push_back(engine_on(world, 1, mine));
+  std::vector<Status> finished(size);
+  std::vector<float> g(16, 1.0f);
+  std::vector<std::vector<float>> grads(size, g);
+  run_ranks(size, [&](int rank) {
+    CHECK_OK(engines[rank]->begin(1.0f, 1));
+    engines[rank]->mark_ready(0, grads[rank].data(), DType::kFloat32);
+    engines[rank]->mark_ready(1, grads[rank].data() + 8, DType::kFloat32);
+    finished[rank] = engines[rank]->finish();
+  });
+  for (int r = 0; r < size; ++r) {
+    CHECK_EQ(finished[r].code(), StatusCode::kInvalidArgument);
+    CHECK_EQ(world.log(r).size(), size_t(1));
+  }
+}
+
+TEST(engine_transport_error_surfaces_from_finish) {
+  const Model model = simple_model({20, 20, 20}, 20);
+  const size_t closing = model.plan.size();
+  for (int size : {2, 3, 4}) {
+    // Bucket 1 fails on every rank: nothing more is sent.
+    {
+      FakeWorld world(size);
+      for (int r = 0; r < size; ++r)
+        world.fail_operation(r, 1);
+      auto engines = engines_on(world, model);
+      std::mt19937_64 rng(size);
+      std::vector<Gradients> g;
+      for (int r = 0; r < size; ++r)
+        g.push_back(planned_gradients(model, rng));
+      for (const Status &s : iterate(engines, model, g, 1.0f, 1, 3)) {
+        CHECK_EQ(s.code(), StatusCode::kTransport);
+        CHECK_CONTAINS(s.message(), "operation 1 on the group");
+      }
+      for (int r = 0; r < size; ++r)
+        CHECK_EQ(world.log(r).size(), size_t(2));
+    }
+    // The closing round fails on the last rank: the others' iteration is
+    // complete and right.
+    {
+      FakeWorld world(size);
+      world.fail_operation(size - 1, closing);
+      auto engines = engines_on(world, model);
+      std::mt19937_64 rng(size);
+      std::vector<Gradients> before;
+      for (int r = 0; r < size; ++r)
+        before.push_back(planned_gradients(model, rng));
+      std::vector<Gradients> after = before;
+      const std::vector<Status> finished =
+          iterate(engines, model, after, 2.0f, 1, 4);
+      for (int r = 0; r + 1 < size; ++r)
+        CHECK_OK(finished[r]);
+      CHECK_EQ(finished[size - 1].code(), StatusCode::kTransport);
+      // Every bucket was reduced before: on the last rank too.
+      check_reduced(model, before, after, 2.0f, 1);
+    }
+  }
+}
+
+TEST(engine_refuses_begin_during_an_iteration) {
+  const Model model = simple_model({8, 8}, 8);
+  const int size = 2;
+  FakeWorld world(size);
+  auto engines = engines_on(world, model);
+  run_ranks(size, [&](int rank) {
+    std::mt19937_64 rng(rank);
+    Engine &engine = *engines[rank];
+    Gradients g = planned_gradients(model, rng);
+    CHECK_OK(engine.begin(1.0f, 1));
+    const Status again = engine.begin(1.0f, 1);
+    CHECK_EQ(again.code(), StatusCode::kRuntimeError);
+    CHECK_CONTAINS(again.message(), "still in an iteration");
+    mark_all(engine, model, g, rng);
+    CHECK_OK(engine.finish());
+    // Once finished, the next one begins.
+    CHECK_OK(engine.begin(1.0f, 1));
+    mark_all(engine, model, g, rng);
+    CHECK_OK(engine.finish());
+  });
+}
+
+TEST(engine_destroyed_while_waiting_gives_up) {
+  // Rank 1 never comes: rank 0's first bucket waits until its engine goes.
+  const Model model = simple_model({4, 4}, 4);
+  FakeWorld world(2);
+  std::unique_ptr<Engine> engine = engine_on(world, 0, model);
+  std::mt19937_64 rng(1);
+  Gradients g = planned_gradients(model, rng);
+  CHECK_OK(engine->begin(1.0f, 1));
+  mark_all(*engine, model, g, rng);
+  while (world.log(0).empty())
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto start = std::chrono::steady_clock::now();
+  engine.reset();
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(1));
+  // The abandoned operation can never complete: nothing starts any more.
+  std::string reason;
+  CHECK(broken(&reason));
+  CHECK_CONTAINS(reason, "cancelled");
+}
+
+TEST(engine_finish_lets_an_interrupt_through) {
+  // Rank 1 never comes; Ctrl-C (an interrupt check that raised) stops
+  // rank 0's finish(), and its engine's reductions.
+  set_interrupt_check([] { return 1; });
+  const Model model = simple_model({4, 4}, 4);
+  FakeWorld world(2);
+  std::unique_ptr<Engine> engine = engine_on(world, 0, model);
+  std::mt19937_64 rng(1);
+  Gradients g = planned_gradients(model, rng);
+  CHECK_OK(engine->begin(1.0f, 1));
+  mark_all(*engine, model, g, rng);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_EQ(engine->finish().code(), StatusCode::kInterrupted);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(1));
+  std::string reason;
+  CHECK(broken(&reason));
+  CHECK_CONTAINS(reason, "interrupted (all_reduce_callback)");
+  CHECK_EQ(world.log(0).size(), size_t(1));
+}
