@@ -86,12 +86,6 @@ FusionPlan plan_fusion(const std::vector<ArrayRef> &arrays, bool fuse,
   return plan;
 }
 
-// dst = src / divisor, element-wise in `dt`.
-void divide_into(void *dst, const void *src, size_t count, DType dt,
-                 int divisor) {
-  convert_scaled(dst, dt, src, dt, count, 1.0f, divisor);
-}
-
 // The layout of message `m` inside `buffer`; an array whose pointer is
 // nullptr packs as zeros and is left out when unpacking.
 Status message_table(const Message &m, const std::vector<ArrayRef> &arrays,
@@ -272,9 +266,8 @@ Status reduce_list(Transport &transport, FusionBuffer &fusion,
   }
   for (size_t i : plan.direct) {
     const ArrayRef &a = arrays[i];
-    NNCOMM_RETURN_IF_ERROR(transport.reduce(a.ptr, a.count, a.dtype, root));
-    if (is_root)
-      divide_into(a.ptr, a.ptr, a.count, a.dtype, divisor);
+    NNCOMM_RETURN_IF_ERROR(
+        transport.reduce(a.ptr, a.count, a.dtype, root, divisor));
   }
   return Status::Ok();
 }
@@ -345,11 +338,8 @@ Status reduce_scatter(Transport &transport, FusionBuffer &fusion,
     }
     packed = buffer;
   }
-  NNCOMM_RETURN_IF_ERROR(
-      transport.reduce_scatter(packed, recv.ptr, recv.count, recv.dtype));
-  divide_into(recv.ptr, recv.ptr, recv.count, recv.dtype,
-              division ? transport.size() : 1);
-  return Status::Ok();
+  return transport.reduce_scatter(packed, recv.ptr, recv.count, recv.dtype,
+                                  division ? transport.size() : 1);
 }
 
 } // namespace nncomm

@@ -120,44 +120,63 @@ Status NcclTransport::launched(nccl::Result result, const char *call,
   return Status::Ok();
 }
 
+// The reduction that sums each rank's share times `scale`, divided by
+// `divisor`: a plain sum, NCCL's average, or a pre-multiplied sum (whose
+// scalar is of the reduced dtype), which `*created` says to destroy.
+Status NcclTransport::reduction(DType dt, float scale, int divisor,
+                                nccl::RedOp *op, bool *created) {
+  *created = false;
+  if (scale == 1.0f && divisor == 1) {
+    *op = nccl::kSum;
+    return Status::Ok();
+  }
+  if (scale == 1.0f && divisor == size()) {
+    *op = nccl::kAvg;
+    return Status::Ok();
+  }
+  const float factor = scale / static_cast<float>(divisor);
+  char scalar[8];
+  convert_scaled(scalar, dt, &factor, DType::kFloat32, 1, 1.0f, 1);
+  NNCOMM_RETURN_IF_ERROR(
+      nccl_status(api_.RedOpCreatePreMulSum(op, scalar, nccl_type(dt),
+                                            nccl::kHostImmediate, comm_),
+                  "ncclRedOpCreatePreMulSum"));
+  *created = true;
+  return Status::Ok();
+}
+
 Status NcclTransport::start_allreduce(void *buf, size_t count, DType dt,
                                       float scale, int divisor,
                                       WorkPtr *work) {
   NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
   DeviceScope scope;
   NNCOMM_RETURN_IF_ERROR(scope.enter(device_));
-  if (scale == 1.0f && (divisor == 1 || divisor == size())) {
-    return launched(api_.AllReduce(buf, buf, count, nccl_type(dt),
-                                   divisor == 1 ? nccl::kSum : nccl::kAvg,
-                                   comm_, stream_),
-                    "ncclAllReduce", work);
-  }
-  // Each rank's share times scale / divisor, summed: the pre-multiplied
-  // sum, whose scalar is of the reduced dtype.
-  const float factor = scale / static_cast<float>(divisor);
-  char scalar[8];
-  convert_scaled(scalar, dt, &factor, DType::kFloat32, 1, 1.0f, 1);
   nccl::RedOp op = nccl::kSum;
-  NNCOMM_RETURN_IF_ERROR(
-      nccl_status(api_.RedOpCreatePreMulSum(&op, scalar, nccl_type(dt),
-                                            nccl::kHostImmediate, comm_),
-                  "ncclRedOpCreatePreMulSum"));
+  bool created = false;
+  NNCOMM_RETURN_IF_ERROR(reduction(dt, scale, divisor, &op, &created));
   const nccl::Result result =
       api_.AllReduce(buf, buf, count, nccl_type(dt), op, comm_, stream_);
-  // The operation keeps what it needs once enqueued.
-  api_.RedOpDestroy(op, comm_);
+  // An enqueued operation keeps what it needs of its reduction.
+  if (created)
+    api_.RedOpDestroy(op, comm_);
   return launched(result, "ncclAllReduce", work);
 }
 
 Status NcclTransport::start_reduce(void *buf, size_t count, DType dt,
-                                   int root, WorkPtr *work) {
+                                   int root, int divisor, WorkPtr *work) {
   NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
   DeviceScope scope;
   NNCOMM_RETURN_IF_ERROR(scope.enter(device_));
+  nccl::RedOp op = nccl::kSum;
+  bool created = false;
+  NNCOMM_RETURN_IF_ERROR(reduction(dt, 1.0f, divisor, &op, &created));
   // The root receives in place; the others' buffers stay as they are.
-  return launched(api_.Reduce(buf, rank() == root ? buf : nullptr, count,
-                              nccl_type(dt), nccl::kSum, root, comm_, stream_),
-                  "ncclReduce", work);
+  const nccl::Result result =
+      api_.Reduce(buf, rank() == root ? buf : nullptr, count, nccl_type(dt),
+                  op, root, comm_, stream_);
+  if (created)
+    api_.RedOpDestroy(op, comm_);
+  return launched(result, "ncclReduce", work);
 }
 
 Status NcclTransport::start_bcast(void *buf, size_t count, DType dt, int root,
@@ -181,14 +200,19 @@ Status NcclTransport::start_allgather(const void *send, void *recv,
 }
 
 Status NcclTransport::start_reduce_scatter(const void *send, void *recv,
-                                           size_t count, DType dt,
+                                           size_t count, DType dt, int divisor,
                                            WorkPtr *work) {
   NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
   DeviceScope scope;
   NNCOMM_RETURN_IF_ERROR(scope.enter(device_));
-  return launched(api_.ReduceScatter(send, recv, count, nccl_type(dt),
-                                     nccl::kSum, comm_, stream_),
-                  "ncclReduceScatter", work);
+  nccl::RedOp op = nccl::kSum;
+  bool created = false;
+  NNCOMM_RETURN_IF_ERROR(reduction(dt, 1.0f, divisor, &op, &created));
+  const nccl::Result result = api_.ReduceScatter(
+      send, recv, count, nccl_type(dt), op, comm_, stream_);
+  if (created)
+    api_.RedOpDestroy(op, comm_);
+  return launched(result, "ncclReduceScatter", work);
 }
 
 } // namespace nncomm

@@ -165,7 +165,7 @@ Status StagedTransport::start_allreduce(void *buf, size_t count, DType dt,
 }
 
 Status StagedTransport::start_reduce(void *buf, size_t count, DType dt,
-                                     int root, WorkPtr *work) {
+                                     int root, int divisor, WorkPtr *work) {
   const size_t bytes = count * dtype_size(dt);
   NNCOMM_RETURN_IF_ERROR(device_->reserve(bytes));
   char *pinned = device_->pinned;
@@ -176,7 +176,8 @@ Status StagedTransport::start_reduce(void *buf, size_t count, DType dt,
   return started(std::unique_ptr<Staged>(new Staged(
                      *device_, {{pinned, buf, bytes}},
                      [=](WorkPtr *w) {
-                       return host->start_reduce(pinned, count, dt, root, w);
+                       return host->start_reduce(pinned, count, dt, root,
+                                                 divisor, w);
                      },
                      std::move(out))),
                  work);
@@ -222,7 +223,7 @@ Status StagedTransport::start_allgather(const void *send, void *recv,
 
 Status StagedTransport::start_reduce_scatter(const void *send, void *recv,
                                              size_t count, DType dt,
-                                             WorkPtr *work) {
+                                             int divisor, WorkPtr *work) {
   const size_t block = count * dtype_size(dt);
   const size_t all = block * size();
   NNCOMM_RETURN_IF_ERROR(device_->reserve(all + block));
@@ -231,8 +232,8 @@ Status StagedTransport::start_reduce_scatter(const void *send, void *recv,
   return started(std::unique_ptr<Staged>(new Staged(
                      *device_, {{pinned, send, all}},
                      [=](WorkPtr *w) {
-                       return host->start_reduce_scatter(pinned, pinned + all,
-                                                         count, dt, w);
+                       return host->start_reduce_scatter(
+                           pinned, pinned + all, count, dt, divisor, w);
                      },
                      {{recv, pinned + all, block}})),
                  work);

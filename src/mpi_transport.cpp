@@ -195,6 +195,11 @@ size_t pieces_of(size_t count, size_t step) {
   return std::max<size_t>(1, (count + step - 1) / step);
 }
 
+// buf /= divisor, element-wise in `dt`, in place.
+void divide(void *buf, size_t count, DType dt, int divisor) {
+  convert_scaled(buf, dt, buf, dt, count, 1.0f, divisor);
+}
+
 } // namespace
 
 Status MpiTransport::begin(uint64_t fingerprint, uint64_t phase) {
@@ -357,18 +362,16 @@ Status MpiTransport::start_allreduce(void *buf, size_t count, DType dt,
                               request);
       },
       [=](size_t i) {
-        if (divisor != 1) {
-          char *piece = base + i * step * size;
-          convert_scaled(piece, dt, piece, dt, piece_count(i, step, count),
-                         1.0f, divisor);
-        }
+        if (divisor != 1)
+          divide(base + i * step * size, piece_count(i, step, count), dt,
+                 divisor);
       }));
   Status begun = pieces->begin();
   return started(std::move(pieces), begun, work);
 }
 
 Status MpiTransport::start_reduce(void *buf, size_t count, DType dt, int root,
-                                  WorkPtr *work) {
+                                  int divisor, WorkPtr *work) {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
   NNCOMM_RETURN_IF_ERROR(begin(operation("reduce", count, dt, root)));
@@ -386,6 +389,11 @@ Status MpiTransport::start_reduce(void *buf, size_t count, DType dt, int root,
                            is_root ? piece : nullptr,
                            piece_count(i, step, count), mpi_type(dt), op,
                            root, comm, request);
+      },
+      [=](size_t i) {
+        if (is_root && divisor != 1)
+          divide(base + i * step * size, piece_count(i, step, count), dt,
+                 divisor);
       }));
   Status begun = pieces->begin();
   return started(std::move(pieces), begun, work);
@@ -420,7 +428,7 @@ Status MpiTransport::start_allgather(const void *send, void *recv,
 }
 
 Status MpiTransport::start_reduce_scatter(const void *send, void *recv,
-                                          size_t count, DType dt,
+                                          size_t count, DType dt, int divisor,
                                           WorkPtr *work) {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
@@ -432,6 +440,10 @@ Status MpiTransport::start_reduce_scatter(const void *send, void *recv,
         return MPI_Ireduce_scatter_block_c(send, recv,
                                            static_cast<MPI_Count>(count),
                                            mpi_type(dt), op, comm, request);
+      },
+      [=](size_t) {
+        if (divisor != 1)
+          divide(recv, count, dt, divisor);
       }));
   Status begun = pieces->begin();
   return started(std::move(pieces), begun, work);

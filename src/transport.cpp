@@ -21,9 +21,11 @@ Status Transport::allreduce(void *buf, size_t count, DType dt, float scale,
                   polling);
 }
 
-Status Transport::reduce(void *buf, size_t count, DType dt, int root) {
+Status Transport::reduce(void *buf, size_t count, DType dt, int root,
+                         int divisor) {
   WorkPtr work;
-  return complete(*this, start_reduce(buf, count, dt, root, &work), work);
+  return complete(*this, start_reduce(buf, count, dt, root, divisor, &work),
+                  work);
 }
 
 Status Transport::bcast(void *buf, size_t count, DType dt, int root) {
@@ -38,10 +40,11 @@ Status Transport::allgather(const void *send, void *recv, size_t count,
 }
 
 Status Transport::reduce_scatter(const void *send, void *recv, size_t count,
-                                 DType dt) {
+                                 DType dt, int divisor) {
   WorkPtr work;
-  return complete(*this, start_reduce_scatter(send, recv, count, dt, &work),
-                  work);
+  return complete(
+      *this, start_reduce_scatter(send, recv, count, dt, divisor, &work),
+      work);
 }
 
 Status Transport::barrier() {

@@ -51,13 +51,13 @@ public:
   Status start_allreduce(void *buf, size_t count, DType dt, float scale,
                          int divisor, WorkPtr *work) override;
   Status start_reduce(void *buf, size_t count, DType dt, int root,
-                      WorkPtr *work) override;
+                      int divisor, WorkPtr *work) override;
   Status start_bcast(void *buf, size_t count, DType dt, int root,
                      WorkPtr *work) override;
   Status start_allgather(const void *send, void *recv, size_t count,
                          DType dt, WorkPtr *work) override;
   Status start_reduce_scatter(const void *send, void *recv, size_t count,
-                              DType dt, WorkPtr *work) override;
+                              DType dt, int divisor, WorkPtr *work) override;
   Status start_barrier(WorkPtr *work) override;
   Status agree(uint64_t value, bool *same) override;
   // Compares on a communicator of its own, so that a rank that did not

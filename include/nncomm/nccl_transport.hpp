@@ -35,13 +35,13 @@ public:
   Status start_allreduce(void *buf, size_t count, DType dt, float scale,
                          int divisor, WorkPtr *work) override;
   Status start_reduce(void *buf, size_t count, DType dt, int root,
-                      WorkPtr *work) override;
+                      int divisor, WorkPtr *work) override;
   Status start_bcast(void *buf, size_t count, DType dt, int root,
                      WorkPtr *work) override;
   Status start_allgather(const void *send, void *recv, size_t count,
                          DType dt, WorkPtr *work) override;
   Status start_reduce_scatter(const void *send, void *recv, size_t count,
-                              DType dt, WorkPtr *work) override;
+                              DType dt, int divisor, WorkPtr *work) override;
   Status start_barrier(WorkPtr *work) override {
     return host_->start_barrier(work);
   }
@@ -60,6 +60,8 @@ private:
   // the operation has passed on the device.
   Status launched(nccl::Result result, const char *call, WorkPtr *work);
   Status nccl_status(nccl::Result result, const char *call) const;
+  Status reduction(DType dt, float scale, int divisor, nccl::RedOp *op,
+                   bool *created);
 
   const NcclApi &api_;
   const std::unique_ptr<Transport> host_;

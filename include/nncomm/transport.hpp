@@ -60,17 +60,19 @@ public:
   // arithmetic as scaling.hpp says. Integer dtypes only with 1 and 1.
   virtual Status start_allreduce(void *buf, size_t count, DType dt,
                                  float scale, int divisor, WorkPtr *work) = 0;
-  // Sums `buf` into `root`'s `buf`; the other ranks' stay unchanged.
+  // Sums `buf` into `root`'s `buf`, divided there by `divisor`; the
+  // other ranks' stay unchanged.
   virtual Status start_reduce(void *buf, size_t count, DType dt, int root,
-                              WorkPtr *work) = 0;
+                              int divisor, WorkPtr *work) = 0;
   virtual Status start_bcast(void *buf, size_t count, DType dt, int root,
                              WorkPtr *work) = 0;
   // `recv` holds size() blocks of `count`, block r from rank r.
   virtual Status start_allgather(const void *send, void *recv, size_t count,
                                  DType dt, WorkPtr *work) = 0;
-  // `send` holds size() blocks of `count`; rank r gets the sum of block r.
+  // `send` holds size() blocks of `count`; rank r gets the sum of block r,
+  // divided by `divisor`.
   virtual Status start_reduce_scatter(const void *send, void *recv,
-                                      size_t count, DType dt,
+                                      size_t count, DType dt, int divisor,
                                       WorkPtr *work) = 0;
   virtual Status start_barrier(WorkPtr *work) = 0;
 
@@ -87,10 +89,11 @@ public:
   // Start-and-wait forms, waited for as `polling` says (wait.hpp).
   Status allreduce(void *buf, size_t count, DType dt, float scale = 1.0f,
                    int divisor = 1, const Polling *polling = nullptr);
-  Status reduce(void *buf, size_t count, DType dt, int root);
+  Status reduce(void *buf, size_t count, DType dt, int root, int divisor = 1);
   Status bcast(void *buf, size_t count, DType dt, int root);
   Status allgather(const void *send, void *recv, size_t count, DType dt);
-  Status reduce_scatter(const void *send, void *recv, size_t count, DType dt);
+  Status reduce_scatter(const void *send, void *recv, size_t count, DType dt,
+                        int divisor = 1);
   Status barrier();
 };
 

@@ -109,6 +109,23 @@ struct DeviceArray {
   }
 };
 
+// `values` (exact in float) divided by `divisor` as convert_scaled rounds
+// it, in float, then rounded to `dt`.
+std::vector<double> divided_by(const std::vector<double> &values, int divisor,
+                               DType dt) {
+  if (divisor == 1)
+    return values;
+  std::vector<double> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    float v = float(values[i]);
+    convert_scaled(&v, DType::kFloat32, &v, DType::kFloat32, 1, 1.0f, divisor);
+    char rounded[8];
+    convert_scaled(rounded, dt, &v, DType::kFloat32, 1, 1.0f, 1);
+    out[i] = load(rounded, dt, 1)[0];
+  }
+  return out;
+}
+
 void expect(const std::vector<double> &got, const std::vector<double> &want,
             const std::string &what) {
   for (size_t i = 0; i < want.size(); ++i) {
@@ -150,16 +167,12 @@ void check_dtype(DeviceTransport &t, DType dt, size_t n) {
   expect(a.read(), sum, name + "allreduce");
 
   if (floating) {
-    // Halved, summed, divided by the number of ranks: as convert_scaled
-    // rounds (a sum of halves of small integers is exact).
-    std::vector<double> mean(n);
-    for (size_t i = 0; i < n; ++i) {
-      float s = float(sum[i] * 0.5);
-      convert_scaled(&s, DType::kFloat32, &s, DType::kFloat32, 1, 1.0f, ranks);
-      std::vector<char> rounded(dtype_size(dt));
-      convert_scaled(rounded.data(), dt, &s, DType::kFloat32, 1, 1.0f, 1);
-      mean[i] = load(rounded.data(), dt, 1)[0];
-    }
+    // Halved, summed, divided by the number of ranks (a sum of halves of
+    // small integers is exact).
+    std::vector<double> halves(n);
+    for (size_t i = 0; i < n; ++i)
+      halves[i] = sum[i] * 0.5;
+    const std::vector<double> mean = divided_by(halves, ranks, dt);
     a.write(mine);
     run(t, "allreduce scaled", [&](WorkPtr *w) {
       return t.start_allreduce(a.device, n, dt, 0.5f, ranks, w);
@@ -167,12 +180,16 @@ void check_dtype(DeviceTransport &t, DType dt, size_t n) {
     expect(a.read(), mean, name + "allreduce scaled and divided");
   }
 
+  // Floating reductions are also averaged (divided as convert_scaled
+  // rounds); integer ones only summed.
+  const int divisor = floating ? ranks : 1;
+  const std::vector<double> divided = divided_by(sum, divisor, dt);
   for (int root = 0; root < ranks; ++root) {
     a.write(mine);
     run(t, "reduce", [&](WorkPtr *w) {
-      return t.start_reduce(a.device, n, dt, root, w);
+      return t.start_reduce(a.device, n, dt, root, divisor, w);
     });
-    expect(a.read(), rank == root ? sum : mine, name + "reduce");
+    expect(a.read(), rank == root ? divided : mine, name + "reduce");
 
     std::vector<double> sent(n);
     for (size_t i = 0; i < n; ++i)
@@ -208,9 +225,10 @@ void check_dtype(DeviceTransport &t, DType dt, size_t n) {
   all.write(blocks);
   a.write(std::vector<double>(n, -1.0));
   run(t, "reduce_scatter", [&](WorkPtr *w) {
-    return t.start_reduce_scatter(all.device, a.device, n, dt, w);
+    return t.start_reduce_scatter(all.device, a.device, n, dt, divisor, w);
   });
-  expect(a.read(), scattered, name + "reduce_scatter");
+  expect(a.read(), divided_by(scattered, divisor, dt),
+         name + "reduce_scatter");
 }
 
 } // namespace

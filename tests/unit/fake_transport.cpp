@@ -295,9 +295,10 @@ Status FakeTransport::start_allreduce(void *buf, size_t count, DType dt,
 }
 
 Status FakeTransport::start_reduce(void *buf, size_t count, DType dt,
-                                   int root, WorkPtr *work) {
+                                   int root, int divisor, WorkPtr *work) {
   return start({OpKind::kReduce, count, dt, root}, buf,
-               copy_of(buf, count * nncomm::dtype_size(dt)), buf, 1, work);
+               copy_of(buf, count * nncomm::dtype_size(dt)), buf,
+               rank_ == root ? divisor : 1, work);
 }
 
 Status FakeTransport::start_bcast(void *buf, size_t count, DType dt, int root,
@@ -313,11 +314,11 @@ Status FakeTransport::start_allgather(const void *send, void *recv,
 }
 
 Status FakeTransport::start_reduce_scatter(const void *send, void *recv,
-                                           size_t count, DType dt,
+                                           size_t count, DType dt, int divisor,
                                            WorkPtr *work) {
   return start({OpKind::kReduceScatter, count, dt}, send,
                copy_of(send, size() * count * nncomm::dtype_size(dt)), recv,
-               1, work);
+               divisor, work);
 }
 
 Status FakeTransport::start_barrier(WorkPtr *work) {

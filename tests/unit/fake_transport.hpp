@@ -137,7 +137,8 @@ public:
                                  float scale, int divisor,
                                  nncomm::WorkPtr *work) override;
   nncomm::Status start_reduce(void *buf, size_t count, nncomm::DType dt,
-                              int root, nncomm::WorkPtr *work) override;
+                              int root, int divisor,
+                              nncomm::WorkPtr *work) override;
   nncomm::Status start_bcast(void *buf, size_t count, nncomm::DType dt,
                              int root, nncomm::WorkPtr *work) override;
   nncomm::Status start_allgather(const void *send, void *recv, size_t count,
@@ -145,6 +146,7 @@ public:
                                  nncomm::WorkPtr *work) override;
   nncomm::Status start_reduce_scatter(const void *send, void *recv,
                                       size_t count, nncomm::DType dt,
+                                      int divisor,
                                       nncomm::WorkPtr *work) override;
   nncomm::Status start_barrier(nncomm::WorkPtr *work) override;
   nncomm::Status agree(uint64_t value, bool *same) override;

@@ -76,7 +76,7 @@ TEST(fake_rooted_and_gathering_operations) {
           auto t = world.transport(rank);
           WorkPtr work;
           CHECK_OK(waited(t->start_reduce(reduce[rank].data(), size * n, dt,
-                                          root, &work),
+                                          root, 1, &work),
                           work, rank));
           CHECK_OK(waited(t->start_bcast(bcast[rank].data(), size * n, dt,
                                          root, &work),
@@ -87,7 +87,7 @@ TEST(fake_rooted_and_gathering_operations) {
                           work, rank));
           CHECK_OK(waited(t->start_reduce_scatter(in[rank].data(),
                                                   scattered[rank].data(), n,
-                                                  dt, &work),
+                                                  dt, 1, &work),
                           work, rank));
           CHECK_OK(waited(t->start_barrier(&work), work, rank));
         });
