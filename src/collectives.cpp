@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <string>
 
 #include "nncomm/bucket_plan.hpp"
@@ -98,26 +97,26 @@ Status message_table(const Message &m, const std::vector<ArrayRef> &arrays,
   return build_pack_table(segments.data(), segments.size(), m.dtype, table);
 }
 
-Status pack(char *buffer, const Message &m, const std::vector<ArrayRef> &arrays,
-            float scale) {
+Status pack(ArrayMemory &memory, char *buffer, const Message &m,
+            const std::vector<ArrayRef> &arrays, float scale) {
   PackTable table;
   NNCOMM_RETURN_IF_ERROR(message_table(m, arrays, &table));
-  return pack_host(table, buffer + m.byte_offset, m.dtype, scale);
+  return memory.pack(table, buffer + m.byte_offset, m.dtype, scale);
 }
 
-Status unpack(const char *buffer, const Message &m,
+Status unpack(ArrayMemory &memory, const char *buffer, const Message &m,
               const std::vector<ArrayRef> &arrays, int divisor) {
   PackTable table;
   NNCOMM_RETURN_IF_ERROR(message_table(m, arrays, &table));
-  return unpack_host(table, buffer + m.byte_offset, m.dtype, 1.0f, divisor);
+  return memory.unpack(table, buffer + m.byte_offset, m.dtype, divisor);
 }
 
-Status reserve_plan(FusionBuffer &fusion, const FusionPlan &plan,
+Status reserve_plan(ArrayMemory &memory, const FusionPlan &plan,
                     char **buffer) {
   *buffer = nullptr;
   if (plan.bytes == 0)
     return Status::Ok();
-  return fusion.reserve(plan.bytes, buffer);
+  return memory.reserve(plan.bytes, buffer);
 }
 
 // A failure of this rank alone (memory) in a collective the other ranks are
@@ -175,7 +174,7 @@ Status check_same_call(Transport &transport,
 
 } // namespace
 
-Status all_reduce_list(Transport &transport, FusionBuffer &fusion,
+Status all_reduce_list(Transport &transport, ArrayMemory &memory,
                        std::vector<ArrayRef> &arrays, bool division,
                        float scale, bool fuse, Materializer materialize) {
   OperationLabel label("all_reduce of %zu arrays", arrays.size());
@@ -186,23 +185,28 @@ Status all_reduce_list(Transport &transport, FusionBuffer &fusion,
     return Status::Ok();
   const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/true);
   char *buffer = nullptr;
-  NNCOMM_RETURN_IF_ERROR(fail_alone(reserve_plan(fusion, plan, &buffer)));
+  NNCOMM_RETURN_IF_ERROR(fail_alone(reserve_plan(memory, plan, &buffer)));
   for (const Message &m : plan.messages)
-    NNCOMM_RETURN_IF_ERROR(pack(buffer, m, arrays, scale));
+    NNCOMM_RETURN_IF_ERROR(pack(memory, buffer, m, arrays, scale));
 
   const Message &first = plan.messages[0];
   char *flags = buffer + first.byte_offset +
                 (first.count - arrays.size()) * dtype_size(first.dtype);
   const size_t flag_size = dtype_size(first.dtype);
+  std::vector<char> host_flags(arrays.size() * flag_size);
   for (size_t i = 0; i < arrays.size(); ++i) {
-    write_flag(flags + i * flag_size, first.dtype, arrays[i].ptr != nullptr);
+    write_flag(&host_flags[i * flag_size], first.dtype,
+               arrays[i].ptr != nullptr);
   }
+  NNCOMM_RETURN_IF_ERROR(
+      memory.put(flags, host_flags.data(), host_flags.size()));
   NNCOMM_RETURN_IF_ERROR(transport.allreduce(buffer + first.byte_offset,
                                              first.count, first.dtype));
+  NNCOMM_RETURN_IF_ERROR(
+      memory.get(host_flags.data(), flags, host_flags.size()));
   std::vector<bool> written(arrays.size());
-  for (size_t i = 0; i < arrays.size(); ++i) {
-    written[i] = read_flag(flags + i * flag_size, first.dtype);
-  }
+  for (size_t i = 0; i < arrays.size(); ++i)
+    written[i] = read_flag(&host_flags[i * flag_size], first.dtype);
 
   const int divisor = division ? transport.size() : 1;
   for (size_t k = 0; k < plan.messages.size(); ++k) {
@@ -221,7 +225,7 @@ Status all_reduce_list(Transport &transport, FusionBuffer &fusion,
       if (written[i])
         NNCOMM_RETURN_IF_ERROR(fail_alone(acquire(arrays[i], i, materialize)));
     }
-    NNCOMM_RETURN_IF_ERROR(unpack(buffer, m, arrays, divisor));
+    NNCOMM_RETURN_IF_ERROR(unpack(memory, buffer, m, arrays, divisor));
   }
 
   // Written somewhere, an empty array is no longer zeroing anywhere.
@@ -236,7 +240,7 @@ Status all_reduce_list(Transport &transport, FusionBuffer &fusion,
     if (a.ptr == nullptr) {
       // Zeros are this rank's share of the sum.
       NNCOMM_RETURN_IF_ERROR(fail_alone(acquire(a, i, materialize)));
-      std::memset(a.ptr, 0, a.count * dtype_size(a.dtype));
+      NNCOMM_RETURN_IF_ERROR(memory.zero(a.ptr, a.count * dtype_size(a.dtype)));
     }
     NNCOMM_RETURN_IF_ERROR(
         transport.allreduce(a.ptr, a.count, a.dtype, scale, divisor));
@@ -244,7 +248,7 @@ Status all_reduce_list(Transport &transport, FusionBuffer &fusion,
   return Status::Ok();
 }
 
-Status reduce_list(Transport &transport, FusionBuffer &fusion,
+Status reduce_list(Transport &transport, ArrayMemory &memory,
                    const std::vector<ArrayRef> &arrays, int root, bool division,
                    bool fuse) {
   OperationLabel label("reduce of %zu arrays to group rank %zu",
@@ -254,15 +258,15 @@ Status reduce_list(Transport &transport, FusionBuffer &fusion,
       CallSignature("reduce", root, division + 2 * fuse).add_arrays(arrays)));
   const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/false);
   char *buffer = nullptr;
-  NNCOMM_RETURN_IF_ERROR(fail_alone(reserve_plan(fusion, plan, &buffer)));
+  NNCOMM_RETURN_IF_ERROR(fail_alone(reserve_plan(memory, plan, &buffer)));
   const bool is_root = transport.rank() == root;
   const int divisor = division ? transport.size() : 1;
   for (const Message &m : plan.messages) {
-    NNCOMM_RETURN_IF_ERROR(pack(buffer, m, arrays, 1.0f));
+    NNCOMM_RETURN_IF_ERROR(pack(memory, buffer, m, arrays, 1.0f));
     NNCOMM_RETURN_IF_ERROR(
         transport.reduce(buffer + m.byte_offset, m.count, m.dtype, root));
     if (is_root)
-      NNCOMM_RETURN_IF_ERROR(unpack(buffer, m, arrays, divisor));
+      NNCOMM_RETURN_IF_ERROR(unpack(memory, buffer, m, arrays, divisor));
   }
   for (size_t i : plan.direct) {
     const ArrayRef &a = arrays[i];
@@ -272,7 +276,7 @@ Status reduce_list(Transport &transport, FusionBuffer &fusion,
   return Status::Ok();
 }
 
-Status bcast_list(Transport &transport, FusionBuffer &fusion,
+Status bcast_list(Transport &transport, ArrayMemory &memory,
                   const std::vector<ArrayRef> &arrays, int root, bool fuse) {
   OperationLabel label("bcast of %zu arrays from group rank %zu",
                        arrays.size(), static_cast<size_t>(root));
@@ -281,15 +285,15 @@ Status bcast_list(Transport &transport, FusionBuffer &fusion,
                       CallSignature("bcast", root, fuse).add_arrays(arrays)));
   const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/false);
   char *buffer = nullptr;
-  NNCOMM_RETURN_IF_ERROR(fail_alone(reserve_plan(fusion, plan, &buffer)));
+  NNCOMM_RETURN_IF_ERROR(fail_alone(reserve_plan(memory, plan, &buffer)));
   const bool is_root = transport.rank() == root;
   for (const Message &m : plan.messages) {
     if (is_root)
-      NNCOMM_RETURN_IF_ERROR(pack(buffer, m, arrays, 1.0f));
+      NNCOMM_RETURN_IF_ERROR(pack(memory, buffer, m, arrays, 1.0f));
     NNCOMM_RETURN_IF_ERROR(
         transport.bcast(buffer + m.byte_offset, m.count, m.dtype, root));
     if (!is_root)
-      NNCOMM_RETURN_IF_ERROR(unpack(buffer, m, arrays, 1));
+      NNCOMM_RETURN_IF_ERROR(unpack(memory, buffer, m, arrays, 1));
   }
   for (size_t i : plan.direct) {
     const ArrayRef &a = arrays[i];
@@ -298,7 +302,7 @@ Status bcast_list(Transport &transport, FusionBuffer &fusion,
   return Status::Ok();
 }
 
-Status all_gather(Transport &transport, FusionBuffer &fusion,
+Status all_gather(Transport &transport, ArrayMemory &memory,
                   const ArrayRef &send, const std::vector<ArrayRef> &recv) {
   OperationLabel label("all_gather of %zu elements per rank", send.count);
   NNCOMM_RETURN_IF_ERROR(
@@ -310,16 +314,17 @@ Status all_gather(Transport &transport, FusionBuffer &fusion,
   const size_t block = send.count * dtype_size(send.dtype);
   char *buffer = nullptr;
   NNCOMM_RETURN_IF_ERROR(
-      fail_alone(fusion.reserve(block * recv.size(), &buffer)));
+      fail_alone(memory.reserve(block * recv.size(), &buffer)));
   NNCOMM_RETURN_IF_ERROR(
       transport.allgather(send.ptr, buffer, send.count, send.dtype));
   for (size_t r = 0; r < recv.size(); ++r) {
-    std::memcpy(recv[r].ptr, buffer + r * block, block);
+    NNCOMM_RETURN_IF_ERROR(
+        memory.copy(recv[r].ptr, buffer + r * block, block));
   }
   return Status::Ok();
 }
 
-Status reduce_scatter(Transport &transport, FusionBuffer &fusion,
+Status reduce_scatter(Transport &transport, ArrayMemory &memory,
                       const std::vector<ArrayRef> &send, const ArrayRef &recv,
                       bool division) {
   OperationLabel label("reduce_scatter of %zu elements per rank",
@@ -332,9 +337,10 @@ Status reduce_scatter(Transport &transport, FusionBuffer &fusion,
     const size_t block = recv.count * dtype_size(recv.dtype);
     char *buffer = nullptr;
     NNCOMM_RETURN_IF_ERROR(
-        fail_alone(fusion.reserve(block * send.size(), &buffer)));
+        fail_alone(memory.reserve(block * send.size(), &buffer)));
     for (size_t r = 0; r < send.size(); ++r) {
-      std::memcpy(buffer + r * block, send[r].ptr, block);
+      NNCOMM_RETURN_IF_ERROR(
+          memory.copy(buffer + r * block, send[r].ptr, block));
     }
     packed = buffer;
   }

@@ -56,31 +56,31 @@ Status Group::allgather(const void *send, void *recv, size_t count,
 Status Group::all_reduce(std::vector<ArrayRef> &arrays, bool division,
                          float scale, bool fuse, Materializer materialize) {
   NNCOMM_IN_TURN();
-  return all_reduce_list(*transport_, fusion_, arrays, division, scale, fuse,
+  return all_reduce_list(*transport_, memory_, arrays, division, scale, fuse,
                          materialize);
 }
 
 Status Group::reduce(const std::vector<ArrayRef> &arrays, int root,
                      bool division, bool fuse) {
   NNCOMM_IN_TURN();
-  return reduce_list(*transport_, fusion_, arrays, root, division, fuse);
+  return reduce_list(*transport_, memory_, arrays, root, division, fuse);
 }
 
 Status Group::bcast(const std::vector<ArrayRef> &arrays, int root, bool fuse) {
   NNCOMM_IN_TURN();
-  return bcast_list(*transport_, fusion_, arrays, root, fuse);
+  return bcast_list(*transport_, memory_, arrays, root, fuse);
 }
 
 Status Group::all_gather(const ArrayRef &send,
                          const std::vector<ArrayRef> &recv) {
   NNCOMM_IN_TURN();
-  return nncomm::all_gather(*transport_, fusion_, send, recv);
+  return nncomm::all_gather(*transport_, memory_, send, recv);
 }
 
 Status Group::reduce_scatter(const std::vector<ArrayRef> &send,
                              const ArrayRef &recv, bool division) {
   NNCOMM_IN_TURN();
-  return nncomm::reduce_scatter(*transport_, fusion_, send, recv, division);
+  return nncomm::reduce_scatter(*transport_, memory_, send, recv, division);
 }
 
 } // namespace nncomm

@@ -17,6 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNIT = os.path.join(REPO, "tests", "unit")
 # The core's sources that the tested code needs, none of them MPI's.
 CORE = ["src/engine.cpp", "src/bucket_runner.cpp", "src/host_runner.cpp",
+        "src/host_arrays.cpp",
         "src/transport.cpp", "src/wait.cpp", "src/config.cpp",
         "src/bucket_plan.cpp", "src/pack.cpp", "src/host_ops.cpp",
         "src/fusion_buffer.cpp", "src/launch_tuner.cpp",

@@ -2,10 +2,12 @@
 // arrays, all_gather and reduce_scatter, built on a Transport.
 //
 // Fusion: with `fuse` set (nnabla's inplace=False), arrays smaller than
-// config::direct_bytes() are packed per dtype into the FusionBuffer and sent
-// as one message per dtype, in order of first appearance, so every rank
-// issues the same calls. Larger arrays, and all arrays without `fuse`, are
-// communicated where they lie, one after another.
+// config::direct_bytes() are packed per dtype into the memory's fusion
+// buffer and sent as one message per dtype, in order of first appearance,
+// so every rank issues the same calls. Larger arrays, and all arrays
+// without `fuse`, are communicated where they lie, one after another. The
+// arrays live in `memory` (host or device: array_memory.hpp), and so do the
+// messages.
 //
 // Arguments are validated by the binding before any rank communicates; that
 // the ranks make the same call is checked here (Transport::check_call).
@@ -15,10 +17,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "nncomm/array_memory.hpp"
 #include "nncomm/dtype.hpp"
-#include "nncomm/fusion_buffer.hpp"
-#include "nncomm/transport.hpp"
 #include "nncomm/status.hpp"
+#include "nncomm/transport.hpp"
 
 namespace nncomm {
 
@@ -46,29 +48,29 @@ struct Materializer {
 // nullptr on every rank is skipped and stays untouched, as nnabla skips
 // arrays that are still zeroing everywhere. Which arrays were written
 // anywhere travels with the first message, so skipping costs no extra call.
-Status all_reduce_list(Transport &transport, FusionBuffer &fusion,
+Status all_reduce_list(Transport &transport, ArrayMemory &memory,
                        std::vector<ArrayRef> &arrays, bool division,
                        float scale, bool fuse, Materializer materialize);
 
 // Sums each array into rank `root` (the mean with `division`); the arrays
 // of the other ranks stay unchanged.
-Status reduce_list(Transport &transport, FusionBuffer &fusion,
+Status reduce_list(Transport &transport, ArrayMemory &memory,
                    const std::vector<ArrayRef> &arrays, int root, bool division,
                    bool fuse);
 
 // Copies rank `root`'s arrays into every other rank's.
-Status bcast_list(Transport &transport, FusionBuffer &fusion,
+Status bcast_list(Transport &transport, ArrayMemory &memory,
                   const std::vector<ArrayRef> &arrays, int root, bool fuse);
 
 // Rank r's `send` lands in recv[r]; or, with one `recv` array of
 // size() * send.count elements, in its r-th block (with one rank, both
 // readings agree).
-Status all_gather(Transport &transport, FusionBuffer &fusion,
+Status all_gather(Transport &transport, ArrayMemory &memory,
                   const ArrayRef &send, const std::vector<ArrayRef> &recv);
 
 // Rank r receives the sum (the mean with `division`) of every rank's
 // send[r]; or, with one `send` array, of its r-th block.
-Status reduce_scatter(Transport &transport, FusionBuffer &fusion,
+Status reduce_scatter(Transport &transport, ArrayMemory &memory,
                       const std::vector<ArrayRef> &send, const ArrayRef &recv,
                       bool division);
 

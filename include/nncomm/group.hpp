@@ -1,5 +1,5 @@
 // Group: this rank's side of one named group of ranks: its transport, the
-// fusion buffer its list collectives pack in, and the queue that orders
+// host memory its list collectives pack in, and the queue that orders
 // its collectives (collective_queue.hpp). The binding makes every
 // collective on a group through here, each in its turn, so collectives
 // from several threads never interleave on the transport.
@@ -13,7 +13,7 @@
 
 #include "nncomm/collective_queue.hpp"
 #include "nncomm/collectives.hpp"
-#include "nncomm/fusion_buffer.hpp"
+#include "nncomm/array_memory.hpp"
 #include "nncomm/mpi_transport.hpp"
 
 namespace nncomm {
@@ -56,7 +56,7 @@ private:
       : transport_(std::move(transport)) {}
 
   const std::unique_ptr<MpiTransport> transport_;
-  FusionBuffer fusion_;
+  HostArrays memory_;
   CollectiveQueue queue_;
 };
 

@@ -85,9 +85,9 @@ void check_all_reduce(int size, const std::vector<Spec> &specs,
   std::vector<std::vector<Call>> sent(size);
   run_ranks(size, [&](int rank) {
     auto transport = world.transport(rank);
-    FusionBuffer fusion;
+    HostArrays memory;
     std::vector<ArrayRef> list = refs(after[rank], specs);
-    CHECK_OK(all_reduce_list(*transport, fusion, list, division, scale, fuse,
+    CHECK_OK(all_reduce_list(*transport, memory, list, division, scale, fuse,
                              Materializer{&Zeroing::give, &zeroing[rank]}));
     for (const Call &c : world.calls(rank)) {
       if (c.kind != OpKind::kCheck)
@@ -254,8 +254,8 @@ TEST(reduce_list_to_each_root) {
         FakeWorld world(size);
         run_ranks(size, [&](int rank) {
           auto transport = world.transport(rank);
-          FusionBuffer fusion;
-          CHECK_OK(reduce_list(*transport, fusion, refs(after[rank], specs),
+          HostArrays memory;
+          CHECK_OK(reduce_list(*transport, memory, refs(after[rank], specs),
                                root, division, fuse));
         });
         for (size_t i = 0; i < specs.size(); ++i) {
@@ -290,8 +290,8 @@ TEST(bcast_list_from_each_root) {
         FakeWorld world(size);
         run_ranks(size, [&](int rank) {
           auto transport = world.transport(rank);
-          FusionBuffer fusion;
-          CHECK_OK(bcast_list(*transport, fusion, refs(after[rank], specs),
+          HostArrays memory;
+          CHECK_OK(bcast_list(*transport, memory, refs(after[rank], specs),
                               root, fuse));
         });
         for (int r = 0; r < size; ++r) {
@@ -317,14 +317,14 @@ TEST(all_gather_into_one_array_or_a_list) {
       FakeWorld world(size);
       run_ranks(size, [&](int rank) {
         auto transport = world.transport(rank);
-        FusionBuffer fusion;
+        HostArrays memory;
         const ArrayRef mine{send[rank].data(), n, dt};
-        CHECK_OK(all_gather(*transport, fusion, mine,
+        CHECK_OK(all_gather(*transport, memory, mine,
                             {{whole[rank].data(), size * n, dt}}));
         std::vector<ArrayRef> list;
         for (Array &p : parts[rank])
           list.push_back({p.data(), n, dt});
-        CHECK_OK(all_gather(*transport, fusion, mine, list));
+        CHECK_OK(all_gather(*transport, memory, mine, list));
       });
       for (int r = 0; r < size; ++r) {
         for (int q = 0; q < size; ++q) {
@@ -350,8 +350,8 @@ TEST(reduce_scatter_from_one_array_or_a_list) {
         FakeWorld world(size);
         run_ranks(size, [&](int rank) {
           auto transport = world.transport(rank);
-          FusionBuffer fusion;
-          CHECK_OK(reduce_scatter(*transport, fusion,
+          HostArrays memory;
+          CHECK_OK(reduce_scatter(*transport, memory,
                                   {{whole[rank].data(), size * n, dt}},
                                   {from_whole[rank].data(), n, dt}, division));
           std::vector<Array> blocks;
@@ -360,7 +360,7 @@ TEST(reduce_scatter_from_one_array_or_a_list) {
           std::vector<ArrayRef> list;
           for (Array &b : blocks)
             list.push_back({b.data(), n, dt});
-          CHECK_OK(reduce_scatter(*transport, fusion, list,
+          CHECK_OK(reduce_scatter(*transport, memory, list,
                                   {from_list[rank].data(), n, dt}, division));
         });
         for (int r = 0; r < size; ++r) {
@@ -386,11 +386,11 @@ TEST(collectives_refuse_calls_that_differ_between_ranks) {
     std::vector<Array> data(size, Array(DType::kFloat32, 5));
     run_ranks(size, [&](int rank) {
       auto transport = world.transport(rank);
-      FusionBuffer fusion;
+      HostArrays memory;
       auto call = [&](size_t count) {
         std::vector<ArrayRef> list = {{data[rank].data(), count,
                                        DType::kFloat32}};
-        return all_reduce_list(*transport, fusion, list, false, 1.0f, true,
+        return all_reduce_list(*transport, memory, list, false, 1.0f, true,
                                Materializer{nullptr, nullptr});
       };
       // The last rank passes 5 elements, the others 4: every rank fails.
@@ -421,9 +421,9 @@ TEST(collectives_compare_calls_as_configured) {
   std::vector<Array> data(2, Array(DType::kFloat64, 4));
   run_ranks(2, [&](int rank) {
     auto transport = world.transport(rank);
-    FusionBuffer fusion;
+    HostArrays memory;
     for (int k = 0; k < 3; ++k) {
-      CHECK_OK(bcast_list(*transport, fusion,
+      CHECK_OK(bcast_list(*transport, memory,
                           {{data[rank].data(), 4, DType::kFloat64}}, 1, true));
     }
     const std::vector<Call> calls = world.calls(rank);
