@@ -30,10 +30,6 @@ __global__ void __launch_bounds__(kThreads, 4)
                    Lane{threadIdx.x, blockDim.x});
 }
 
-bool on_device(DType dt) {
-  return dt == DType::kFloat32 || dt == DType::kFloat16 ||
-         dt == DType::kBFloat16;
-}
 
 // One table in device memory, and the pinned host buffer it is uploaded
 // from.
@@ -93,6 +89,11 @@ struct TableSlot {
 } // namespace
 
 bool cuda_packing_built() { return true; }
+
+bool cuda_packs(DType dt) {
+  return dt == DType::kFloat32 || dt == DType::kFloat16 ||
+         dt == DType::kBFloat16;
+}
 
 // What a packer keeps on its device between buckets: the tables of the
 // last `max_tables` distinct buckets, since a training step packs the same
@@ -195,13 +196,13 @@ Status CudaPacker::unpack(const PackTable &table, const void *bucket,
 Status CudaPacker::launch(const PackTable &table, const void *bucket,
                           DType wire, float scale, int divisor, bool packing,
                           CudaStream stream, CudaEvent after) {
-  if (!on_device(wire)) {
+  if (!cuda_packs(wire)) {
     return Status::InvalidArgument(
         "the CUDA packer moves float32, float16 and bfloat16 only; the wire "
         "dtype is not one of them");
   }
   for (size_t i = 0; i < table.entries.size(); ++i) {
-    if (!on_device(static_cast<DType>(table.entries[i].dtype))) {
+    if (!cuda_packs(static_cast<DType>(table.entries[i].dtype))) {
       return Status::InvalidArgument(
           "the CUDA packer moves float32, float16 and bfloat16 only; segment " +
           std::to_string(i) + " is of another dtype");

@@ -5,8 +5,9 @@ whose streams run work late and in random legal orders:
 - the host-staged transport and the NCCL transport (on a fake NCCL whose
   collectives run as MPI ones when their turn on the stream comes): every
   collective against a reference, with inputs still being written on the
-  compute stream when it starts and results read there after it
-  (transports_over_mpi.cpp);
+  compute stream when it starts and results read there after it, then the
+  list collectives on device memory (fused messages packed by the CUDA
+  packer's kernel, emulated; zeroing arrays) (transports_over_mpi.cpp);
 - the callback engine with the CUDA runner on it: gradients "computed" on
   the compute stream in a random order per rank, packed by the CUDA
   packer's kernel (emulated), reduced, unpacked, and read on the compute
@@ -34,6 +35,10 @@ COMMON = [EMULATION + "fake_cudart.cpp", "src/cuda_staged_transport.cu",
           "src/config.cpp", "src/host_ops.cpp", "src/host_memory.cpp"]
 
 
+# The list collectives' arrays of 4 KiB or more go direct, the others fused.
+LISTS = {"NNCOMM_DIRECT_BYTES": "4096"}
+
+
 def build(tmp_path_factory, name, sources):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
@@ -54,7 +59,10 @@ def build(tmp_path_factory, name, sources):
 
 @pytest.fixture(scope="module")
 def transports_over_mpi(tmp_path_factory):
-    return build(tmp_path_factory, "transports_over_mpi", [])
+    return build(tmp_path_factory, "transports_over_mpi",
+                 ["src/collectives.cpp", "src/cuda_device_arrays.cu",
+                  "src/cuda_pack.cu", "src/bucket_plan.cpp", "src/pack.cpp",
+                  "src/fusion_buffer.cpp"])
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +86,7 @@ def test_staged_collectives_on_emulated_devices(transports_over_mpi, ranks,
                                                 seed):
     # Small MPI pieces, so the larger arrays travel in several.
     run(transports_over_mpi, ranks, [seed, "staged"],
-        {"NNCOMM_CHUNK_BYTES": "65536"})
+        dict(LISTS, NNCOMM_CHUNK_BYTES="65536"))
 
 
 # Powers of two: NCCL folds the scale and the division into one factor,
@@ -86,7 +94,7 @@ def test_staged_collectives_on_emulated_devices(transports_over_mpi, ranks,
 @pytest.mark.parametrize("ranks,seed", [(2, 1), (4, 2)])
 def test_nccl_collectives_on_emulated_devices(transports_over_mpi, ranks,
                                               seed):
-    run(transports_over_mpi, ranks, [seed, "nccl"])
+    run(transports_over_mpi, ranks, [seed, "nccl"], LISTS)
 
 
 @pytest.mark.parametrize("launch", ["eager", "deferred"])

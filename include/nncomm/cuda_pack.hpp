@@ -22,6 +22,8 @@ using CudaEvent = void *;  // cudaEvent_t; nullptr waits for nothing
 
 // Whether this build has the CUDA kernels.
 bool cuda_packing_built();
+// Whether the kernels move `dt` (float32, float16 and bfloat16 do).
+bool cuda_packs(DType dt);
 
 class CudaPacker {
 public:

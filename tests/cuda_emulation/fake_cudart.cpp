@@ -504,6 +504,23 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes,
   return cudaSuccess;
 }
 
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes,
+                            cudaStream_t stream) {
+  Call call;
+  Runtime &r = rt();
+  CUstream_st *s = r.stream(stream, current_device);
+  if (s->device != current_device)
+    return cudaErrorInvalidResourceHandle;
+  const char *d = r.find(dst, bytes, s->device);
+  if (d == nullptr)
+    return cudaErrorInvalidValue;
+  OpPtr op = std::make_shared<Op>();
+  op->work = [=] { std::memset(dst, value, bytes); };
+  op->uses = {d};
+  r.enqueue(s, op);
+  return cudaSuccess;
+}
+
 cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block,
                              void **args, size_t shared, cudaStream_t stream) {
   Call call;

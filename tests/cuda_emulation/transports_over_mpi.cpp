@@ -24,7 +24,9 @@
 #include "fake_cudart.hpp"
 #include "mpi_program.hpp"
 #include "fake_nccl.hpp"
+#include "nncomm/collectives.hpp"
 #include "nncomm/cuda_staged_transport.hpp"
+#include "nncomm/device_arrays.hpp"
 #include "nncomm/nccl_transport.hpp"
 #include "nncomm/host_ops.hpp"
 #include "nncomm/mpi_transport.hpp"
@@ -231,6 +233,143 @@ void check_dtype(DeviceTransport &t, DType dt, size_t n) {
          name + "reduce_scatter");
 }
 
+// The list collectives (collectives.hpp) on device memory: fused and direct
+// arrays of several dtypes (NNCOMM_DIRECT_BYTES is set to 4096 by the
+// test), arrays still zeroing (null) on some ranks or on all, each root.
+void check_lists(DeviceTransport &t, ArrayMemory &memory) {
+  const std::vector<std::pair<size_t, DType>> shapes = {
+      {5, DType::kFloat32},    {300, DType::kFloat32}, {7, DType::kFloat16},
+      {3000, DType::kFloat32}, {40, DType::kInt32},    {2000, DType::kFloat16}};
+  const size_t n = shapes.size();
+  std::vector<std::unique_ptr<DeviceArray>> arrays;
+  for (const auto &[count, dt] : shapes)
+    arrays.emplace_back(new DeviceArray(count, dt));
+  const auto value = [](int r, size_t k, size_t i) { return input(r, i + k); };
+  const auto values = [&](int r, size_t k) {
+    std::vector<double> v(shapes[k].first);
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = value(r, k, i);
+    return v;
+  };
+  // Array 1 is zeroing everywhere; array k elsewhere where (k + r) % 3 is 0.
+  const auto zeroing = [](int r, size_t k) {
+    return k == 1 || (k != 0 && (k + r) % 3 == 0);
+  };
+  struct Materialized {
+    std::vector<std::unique_ptr<DeviceArray>> *arrays;
+    std::vector<bool> asked;
+  } materialized{&arrays, std::vector<bool>(n, false)};
+  Materializer materialize{
+      [](void *context, size_t index) -> void * {
+        auto *m = static_cast<Materialized *>(context);
+        m->asked[index] = true;
+        return (*m->arrays)[index]->device;
+      },
+      &materialized};
+
+  std::vector<ArrayRef> refs(n);
+  for (size_t k = 0; k < n; ++k) {
+    const bool null = zeroing(rank, k);
+    // A zeroing array's memory holds what it held: -1s, kept unless reduced.
+    arrays[k]->write(null ? std::vector<double>(shapes[k].first, -1.0)
+                          : values(rank, k));
+    refs[k] = {null ? nullptr : arrays[k]->device, shapes[k].first,
+               shapes[k].second};
+  }
+  ok(t.follow(nullptr), "follow");
+  ok(all_reduce_list(t, memory, refs, false, 1.0f, true, materialize),
+     "all_reduce_list");
+  ok(t.lead(nullptr), "lead");
+  for (size_t k = 0; k < n; ++k) {
+    std::vector<double> want(shapes[k].first, k == 1 ? -1.0 : 0.0);
+    for (int r = 0; r < ranks && k != 1; ++r) {
+      if (!zeroing(r, k)) {
+        const std::vector<double> v = values(r, k);
+        for (size_t i = 0; i < want.size(); ++i)
+          want[i] += v[i];
+      }
+    }
+    expect(arrays[k]->read(), want, "all_reduce_list array " + std::to_string(k));
+    if (materialized.asked[k] != (zeroing(rank, k) && k != 1))
+      fail("all_reduce_list materialized array " + std::to_string(k) +
+           (materialized.asked[k] ? " needlessly" : " not"));
+  }
+
+  // The floating arrays, averaged into each root; broadcast from each.
+  std::vector<size_t> floating;
+  for (size_t k = 0; k < n; ++k) {
+    if (dtype_is_floating(shapes[k].second))
+      floating.push_back(k);
+  }
+  for (int root = 0; root < ranks; ++root) {
+    std::vector<ArrayRef> list;
+    for (size_t k : floating) {
+      arrays[k]->write(values(rank, k));
+      list.push_back({arrays[k]->device, shapes[k].first, shapes[k].second});
+    }
+    ok(t.follow(nullptr), "follow");
+    ok(reduce_list(t, memory, list, root, true, true), "reduce_list");
+    ok(t.lead(nullptr), "lead");
+    for (size_t k : floating) {
+      std::vector<double> sum(shapes[k].first, 0.0);
+      for (int r = 0; r < ranks; ++r) {
+        const std::vector<double> v = values(r, k);
+        for (size_t i = 0; i < sum.size(); ++i)
+          sum[i] += v[i];
+      }
+      expect(arrays[k]->read(),
+             rank == root ? divided_by(sum, ranks, shapes[k].second)
+                          : values(rank, k),
+             "reduce_list array " + std::to_string(k));
+    }
+    for (size_t k : floating)
+      arrays[k]->write(rank == root ? values(rank, k)
+                                    : std::vector<double>(shapes[k].first, 0));
+    ok(t.follow(nullptr), "follow");
+    ok(bcast_list(t, memory, list, root, true), "bcast_list");
+    ok(t.lead(nullptr), "lead");
+    for (size_t k : floating)
+      expect(arrays[k]->read(), values(root, k),
+             "bcast_list array " + std::to_string(k));
+  }
+
+  // Gathered into one array per rank; scattered from one per rank.
+  const size_t block = 9;
+  DeviceArray mine(block, DType::kFloat32);
+  std::vector<std::unique_ptr<DeviceArray>> blocks;
+  std::vector<ArrayRef> block_refs;
+  for (int r = 0; r < ranks; ++r) {
+    blocks.emplace_back(new DeviceArray(block, DType::kFloat32));
+    blocks.back()->write(std::vector<double>(block, -1.0));
+    block_refs.push_back({blocks.back()->device, block, DType::kFloat32});
+  }
+  const auto row = [&](int r, size_t k) {
+    std::vector<double> v(block);
+    for (size_t i = 0; i < block; ++i)
+      v[i] = value(r, k, i);
+    return v;
+  };
+  mine.write(row(rank, 0));
+  const ArrayRef send{mine.device, block, DType::kFloat32};
+  ok(t.follow(nullptr), "follow");
+  ok(all_gather(t, memory, send, block_refs), "all_gather");
+  ok(t.lead(nullptr), "lead");
+  for (int r = 0; r < ranks; ++r)
+    expect(blocks[r]->read(), row(r, 0), "all_gather block " + std::to_string(r));
+  for (int r = 0; r < ranks; ++r)
+    blocks[r]->write(row(rank, r));
+  ok(t.follow(nullptr), "follow");
+  ok(reduce_scatter(t, memory, block_refs, send, true), "reduce_scatter");
+  ok(t.lead(nullptr), "lead");
+  std::vector<double> sum(block, 0.0);
+  for (int r = 0; r < ranks; ++r) {
+    for (size_t i = 0; i < block; ++i)
+      sum[i] += value(r, rank, i);
+  }
+  expect(mine.read(), divided_by(sum, ranks, DType::kFloat32),
+         "reduce_scatter");
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -268,6 +407,9 @@ int main(int argc, char **argv) {
       return t->start_barrier(w);
     });
     ++checks;
+    std::unique_ptr<DeviceArrays> memory;
+    ok(DeviceArrays::Create(*t, &memory), "DeviceArrays::Create");
+    check_lists(*t, *memory);
   }
   cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   if (nncomm_fake_pending() != 0)
