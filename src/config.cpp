@@ -89,6 +89,23 @@ Setting<std::optional<Launch>> launch(const char *name) {
                                         "eager, deferred or auto");
 }
 
+Setting<GpuTransport> gpu_choice(const char *name) {
+  const char *v = env(name);
+  const std::string s = v == nullptr ? "auto" : v;
+  if (s == "auto")
+    return {GpuTransport::kAuto};
+  if (s == "nccl")
+    return {GpuTransport::kNccl};
+  if (s == "mpi")
+    return {GpuTransport::kMpi};
+  return refused(name, GpuTransport::kAuto, "auto, nccl or mpi");
+}
+
+Setting<std::string> text(const char *name) {
+  const char *v = env(name);
+  return {v == nullptr ? "" : v};
+}
+
 // Every NNCOMM_* variable, read once, at first use.
 struct Settings {
   Setting<size_t> chunk = bytes("NNCOMM_CHUNK_BYTES", 4u << 20);
@@ -100,6 +117,8 @@ struct Settings {
   Setting<double> timeout = seconds("NNCOMM_TIMEOUT", 1800);
   Setting<double> stall = seconds("NNCOMM_STALL_WARNING", 60);
   Setting<size_t> fail_allocation = bytes("NNCOMM_TEST_FAIL_ALLOCATION", 0);
+  Setting<GpuTransport> gpu = gpu_choice("NNCOMM_GPU_TRANSPORT");
+  Setting<std::string> nccl = text("NNCOMM_NCCL_LIBRARY");
 };
 
 const Settings &settings() {
@@ -115,7 +134,7 @@ Status validate() {
   for (const std::string *error :
        {&s.chunk.error, &s.direct.error, &s.huge_page.error, &s.check.error,
         &s.launch_at.error, &s.poll.error, &s.timeout.error, &s.stall.error,
-        &s.fail_allocation.error}) {
+        &s.fail_allocation.error, &s.gpu.error}) {
     if (!error->empty())
       bad += (bad.empty() ? "" : "; ") + *error;
   }
@@ -135,6 +154,8 @@ double stall_warning_seconds() { return settings().stall.value; }
 size_t test_fail_allocation_bytes() {
   return settings().fail_allocation.value;
 }
+GpuTransport gpu_transport() { return settings().gpu.value; }
+const std::string &nccl_library() { return settings().nccl.value; }
 
 } // namespace config
 } // namespace nncomm

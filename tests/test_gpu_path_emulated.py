@@ -8,6 +8,9 @@ whose streams run work late and in random legal orders:
   compute stream when it starts and results read there after it, then the
   list collectives on device memory (fused messages packed by the CUDA
   packer's kernel, emulated; zeroing arrays) (transports_over_mpi.cpp);
+- the device group's choice of transport (NNCOMM_GPU_TRANSPORT, NCCL
+  loaded from NNCOMM_NCCL_LIBRARY: the fake NCCL built as a library) and
+  its collectives, ordered with the compute stream;
 - the callback engine with the CUDA runner on it: gradients "computed" on
   the compute stream in a random order per rank, packed by the CUDA
   packer's kernel (emulated), reduced, unpacked, and read on the compute
@@ -30,7 +33,8 @@ EMULATION = "tests/cuda_emulation/"
 # What both programs link: the transports, the waits and the fake runtime.
 COMMON = [EMULATION + "fake_cudart.cpp", "src/cuda_staged_transport.cu",
           "src/cuda_device_transport.cu", "src/cuda_nccl_transport.cu",
-          EMULATION + "fake_nccl.cpp", "src/mpi_transport.cpp",
+          EMULATION + "fake_nccl.cpp", "src/nccl_api.cpp",
+          "src/mpi_transport.cpp",
           "src/stall_inspector.cpp", "src/transport.cpp", "src/wait.cpp",
           "src/config.cpp", "src/host_ops.cpp", "src/host_memory.cpp"]
 
@@ -39,22 +43,41 @@ COMMON = [EMULATION + "fake_cudart.cpp", "src/cuda_staged_transport.cu",
 LISTS = {"NNCOMM_DIRECT_BYTES": "4096"}
 
 
-def build(tmp_path_factory, name, sources):
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
+def nvcc():
+    found = shutil.which("nvcc")
+    if found is None:
         pytest.skip("no nvcc on this machine")
+    return found
+
+
+def build(tmp_path_factory, name, sources):
     exe = str(tmp_path_factory.mktemp("gpu_path") / name)
     lib = os.path.join(MPI_PREFIX, "lib")
     # The packer's device code is compiled (for one architecture) but run
-    # by the fake, tile by tile.
+    # by the fake, tile by tile. Exported, the fake runtime's functions serve
+    # the fake NCCL library too.
     subprocess.run(
-        [nvcc, "-std=c++17", "-O1", "-cudart", "none", "-arch=sm_80",
+        [nvcc(), "-std=c++17", "-O1", "-cudart", "none", "-arch=sm_80",
          "-Iinclude", "-Isrc", "-I" + EMULATION,
          "-I" + os.path.join(MPI_PREFIX, "include"),
          EMULATION + name + ".cpp"] + sources + COMMON +
-        ["-L" + lib, "-lmpi", "-Xlinker", "-rpath=" + lib, "-o", exe],
+        ["-L" + lib, "-lmpi", "-ldl", "-Xlinker", "-rpath=" + lib,
+         "-Xlinker", "-export-dynamic", "-o", exe],
         cwd=REPO, check=True, timeout=600)
     return exe
+
+
+@pytest.fixture(scope="module")
+def fake_libnccl(tmp_path_factory):
+    library = str(tmp_path_factory.mktemp("nccl") / "libfakenccl.so")
+    lib = os.path.join(MPI_PREFIX, "lib")
+    subprocess.run(
+        [nvcc(), "-std=c++17", "-O1", "-shared", "-Xcompiler", "-fPIC",
+         "-Iinclude", "-I" + EMULATION,
+         "-I" + os.path.join(MPI_PREFIX, "include"),
+         EMULATION + "fake_nccl.cpp", "-L" + lib, "-lmpi", "-o", library],
+        cwd=REPO, check=True, timeout=600)
+    return library
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +85,9 @@ def transports_over_mpi(tmp_path_factory):
     return build(tmp_path_factory, "transports_over_mpi",
                  ["src/collectives.cpp", "src/cuda_device_arrays.cu",
                   "src/cuda_pack.cu", "src/bucket_plan.cpp", "src/pack.cpp",
-                  "src/fusion_buffer.cpp"])
+                  "src/fusion_buffer.cpp", "src/cuda_device_group.cu",
+                  "src/group.cpp", "src/collective_queue.cpp",
+                  "src/host_arrays.cpp"])
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +104,7 @@ def run(program, ranks, args, env=None):
                                     timeout=300)
     assert code == 0, out + err
     assert f"checks passed on {ranks} ranks" in out, out + err
+    return out
 
 
 @pytest.mark.parametrize("ranks,seed", [(2, 1), (3, 2), (4, 3), (2, 4)])
@@ -95,6 +121,39 @@ def test_staged_collectives_on_emulated_devices(transports_over_mpi, ranks,
 def test_nccl_collectives_on_emulated_devices(transports_over_mpi, ranks,
                                               seed):
     run(transports_over_mpi, ranks, [seed, "nccl"], LISTS)
+
+
+# The fake devices: rank r on device r % 2, so 3 ranks share one.
+@pytest.mark.parametrize("ranks,setting,library,chosen", [
+    (2, "auto", True, "nccl"),
+    (3, "auto", True, "mpi"),    # ranks 0 and 2 share a device
+    (2, "auto", False, "mpi"),   # no NCCL to load
+    (2, "mpi", True, "mpi"),
+    (2, "nccl", True, "nccl"),
+])
+def test_device_group_chooses_its_transport(transports_over_mpi, fake_libnccl,
+                                            ranks, setting, library, chosen):
+    env = {"NNCOMM_GPU_TRANSPORT": setting,
+           "NNCOMM_NCCL_LIBRARY": fake_libnccl if library else
+           "no_such_libnccl.so.2"}
+    out = run(transports_over_mpi, ranks, [1, "group"], env)
+    assert f"(group: {chosen})" in out, out
+
+
+@pytest.mark.parametrize("ranks,library,reason", [
+    (2, False, "NCCL could not be loaded (no_such_libnccl.so.2"),
+    (3, True, "ranks of this group share a GPU, which NCCL refuses"),
+])
+def test_device_group_refuses_nccl_it_cannot_use(
+        transports_over_mpi, fake_libnccl, ranks, library, reason):
+    env = {"NNCOMM_GPU_TRANSPORT": "nccl",
+           "NNCOMM_NCCL_LIBRARY": fake_libnccl if library else
+           "no_such_libnccl.so.2"}
+    code, out, err, _ = run_program([transports_over_mpi, 1, "group"], ranks,
+                                    env=env, timeout=300)
+    assert code != 0, out
+    # The ranks say why (the first to fail may abort the others first).
+    assert "DeviceGroup::Create: " in out and reason in out, out + err
 
 
 @pytest.mark.parametrize("launch", ["eager", "deferred"])

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <string>
 
 #include "nncomm/launch_tuner.hpp"
 #include "nncomm/status.hpp"
@@ -58,6 +59,17 @@ double timeout_seconds();
 // which ranks have not arrived, again every as many seconds); 0: never.
 // NNCOMM_STALL_WARNING, default 60.
 double stall_warning_seconds();
+
+// Which transport carries collectives on CUDA device memory: NCCL, MPI
+// through pinned host memory, or (kAuto, the default) NCCL where it loads
+// on every rank and every rank has a device of its own, else MPI.
+// NNCOMM_GPU_TRANSPORT=auto|nccl|mpi.
+enum class GpuTransport { kAuto = 0, kNccl = 1, kMpi = 2 };
+GpuTransport gpu_transport();
+
+// The NCCL library to load (a path or a file name), default
+// "libnccl.so.2" as the dynamic loader finds it. NNCOMM_NCCL_LIBRARY.
+const std::string &nccl_library();
 
 // For tests of local failures: staging and fusion buffers of this many
 // bytes or more fail to allocate; 0 (the default): never.

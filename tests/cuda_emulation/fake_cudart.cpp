@@ -331,6 +331,13 @@ cudaError_t cudaGetDevice(int *device) {
   return cudaSuccess;
 }
 
+cudaError_t cudaDeviceGetPCIBusId(char *bus, int length, int device) {
+  if (device < 0 || device >= kDevices || length < 13)
+    return cudaErrorInvalidValue;
+  std::snprintf(bus, length, "0000:%02x:00.0", 0x10 + device);
+  return cudaSuccess;
+}
+
 cudaError_t cudaSetDevice(int device) {
   if (device < 0 || device >= kDevices)
     return cudaErrorInvalidDevice;

@@ -214,3 +214,53 @@ const NcclApi &fake_nccl() {
   };
   return api;
 }
+
+// The same functions under NCCL's names, for a build of this file as a
+// shared library that nncomm's loader opens (NNCOMM_NCCL_LIBRARY).
+extern "C" {
+nccl::Result ncclGetVersion(int *v) { return get_version(v); }
+const char *ncclGetErrorString(nccl::Result r) { return error_string(r); }
+nccl::Result ncclGetUniqueId(nccl::UniqueId *id) { return get_unique_id(id); }
+nccl::Result ncclCommInitRank(nccl::Comm *comm, int nranks, nccl::UniqueId id,
+                              int rank) {
+  return comm_init_rank(comm, nranks, id, rank);
+}
+nccl::Result ncclCommDestroy(nccl::Comm comm) { return comm_destroy(comm); }
+nccl::Result ncclCommAbort(nccl::Comm comm) { return comm_destroy(comm); }
+nccl::Result ncclCommGetAsyncError(nccl::Comm comm, nccl::Result *error) {
+  return comm_get_async_error(comm, error);
+}
+nccl::Result ncclRedOpCreatePreMulSum(nccl::RedOp *op, void *scalar,
+                                      nccl::DataType dt, int residence,
+                                      nccl::Comm comm) {
+  return premul_create(op, scalar, dt, residence, comm);
+}
+nccl::Result ncclRedOpDestroy(nccl::RedOp op, nccl::Comm comm) {
+  return redop_destroy(op, comm);
+}
+nccl::Result ncclAllReduce(const void *send, void *recv, size_t count,
+                           nccl::DataType dt, nccl::RedOp op, nccl::Comm comm,
+                           CudaStream stream) {
+  return all_reduce(send, recv, count, dt, op, comm, stream);
+}
+nccl::Result ncclReduce(const void *send, void *recv, size_t count,
+                        nccl::DataType dt, nccl::RedOp op, int root,
+                        nccl::Comm comm, CudaStream stream) {
+  return reduce_to(send, recv, count, dt, op, root, comm, stream);
+}
+nccl::Result ncclBroadcast(const void *send, void *recv, size_t count,
+                           nccl::DataType dt, int root, nccl::Comm comm,
+                           CudaStream stream) {
+  return broadcast(send, recv, count, dt, root, comm, stream);
+}
+nccl::Result ncclAllGather(const void *send, void *recv, size_t count,
+                           nccl::DataType dt, nccl::Comm comm,
+                           CudaStream stream) {
+  return all_gather(send, recv, count, dt, comm, stream);
+}
+nccl::Result ncclReduceScatter(const void *send, void *recv, size_t count,
+                               nccl::DataType dt, nccl::RedOp op,
+                               nccl::Comm comm, CudaStream stream) {
+  return reduce_scatter(send, recv, count, dt, op, comm, stream);
+}
+}

@@ -6,9 +6,11 @@
 #include <cuda_runtime.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "nncomm/status.hpp"
 
@@ -29,6 +31,9 @@ inline void start(int *argc, char ***argv) {
 [[noreturn]] inline void fail(const std::string &what) {
   std::printf("rank %d: %s\n", rank, what.c_str());
   std::fflush(stdout);
+  // Time for the launcher to forward the line before the abort tears the
+  // job down.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::exit(1);
 }

@@ -27,6 +27,8 @@
 #include "nncomm/collectives.hpp"
 #include "nncomm/cuda_staged_transport.hpp"
 #include "nncomm/device_arrays.hpp"
+#include "nncomm/device_group.hpp"
+#include "nncomm/group.hpp"
 #include "nncomm/nccl_transport.hpp"
 #include "nncomm/host_ops.hpp"
 #include "nncomm/mpi_transport.hpp"
@@ -370,6 +372,38 @@ void check_lists(DeviceTransport &t, ArrayMemory &memory) {
          "reduce_scatter");
 }
 
+// The device group of the world: the transport every rank chose (NCCL
+// where it loads, NNCOMM_NCCL_LIBRARY, and no two ranks share a device),
+// and the list collectives through it, ordered with the compute stream.
+std::string check_group() {
+  std::unique_ptr<Group> group;
+  ok(Group::Create(MPI_COMM_WORLD, &group), "Group::Create");
+  std::unique_ptr<DeviceGroup> devices;
+  ok(DeviceGroup::Create(*group, &devices), "DeviceGroup::Create");
+  const size_t n = 1000;
+  DeviceArray a(n, DType::kFloat32), b(3 * n, DType::kFloat32);
+  std::vector<double> mine(n), sum(n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    mine[i] = input(rank, i);
+    for (int r = 0; r < ranks; ++r)
+      sum[i] += input(r, i);
+  }
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    a.write(mine);
+    b.write(std::vector<double>(3 * n, 1.0));
+    std::vector<ArrayRef> refs = {{a.device, n, DType::kFloat32},
+                                  {b.device, 3 * n, DType::kFloat32}};
+    ok(devices->all_reduce(nullptr, refs, false, 1.0f, true, Materializer{}),
+       "DeviceGroup::all_reduce");
+    expect(a.read(), sum, "DeviceGroup::all_reduce");
+    expect(b.read(), std::vector<double>(3 * n, double(ranks)),
+           "DeviceGroup::all_reduce");
+    ok(devices->bcast(nullptr, refs, 0, true), "DeviceGroup::bcast");
+    expect(a.read(), sum, "DeviceGroup::bcast");
+  }
+  return devices->transport_name();
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -380,7 +414,10 @@ int main(int argc, char **argv) {
   // Two ranks share each fake device (as ranks share a GPU for the staged
   // transport, where NCCL would refuse them: the fake does not).
   cuda(cudaSetDevice(rank % 2), "cudaSetDevice");
-  {
+  std::string chosen = kind;
+  if (kind == "group") {
+    chosen = check_group();
+  } else {
     std::unique_ptr<MpiTransport> mpi;
     ok(MpiTransport::Create(MPI_COMM_WORLD, &mpi), "MpiTransport::Create");
     std::unique_ptr<DeviceTransport> t;
@@ -415,8 +452,9 @@ int main(int argc, char **argv) {
   if (nncomm_fake_pending() != 0)
     fail("work left pending on the fake device");
   if (rank == 0)
-    std::printf("transports_over_mpi: %zu checks passed on %d ranks (%s)\n",
-                checks, ranks, kind.c_str());
+    std::printf("transports_over_mpi: %zu checks passed on %d ranks (%s: "
+                "%s)\n",
+                checks, ranks, kind.c_str(), chosen.c_str());
   MPI_Finalize();
   return 0;
 }

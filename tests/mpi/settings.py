@@ -3,7 +3,8 @@ MPI calls when the ranks differ in them, with a ValueError on every rank
 naming the variable (and the ranks' values).
 
 Usage: settings.py MODE, where MODE is
-- bad: every rank runs with NNCOMM_CHUNK_BYTES=4k and NNCOMM_TIMEOUT=-1;
+- bad: every rank runs with NNCOMM_CHUNK_BYTES=4k, NNCOMM_TIMEOUT=-1 and
+  NNCOMM_GPU_TRANSPORT=gloo;
 - differ: rank r runs with NNCOMM_DIRECT_BYTES=(r + 1) * 64, or with
   NNCOMM_CHECK_CALLS=0 on rank 0 only (MODE differ_checks);
 - same: every rank runs with NNCOMM_DIRECT_BYTES=64 (init succeeds).
@@ -21,6 +22,7 @@ RANK, SIZE = MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
 if MODE == "bad":
     os.environ["NNCOMM_CHUNK_BYTES"] = "4k"
     os.environ["NNCOMM_TIMEOUT"] = "-1"
+    os.environ["NNCOMM_GPU_TRANSPORT"] = "gloo"
 elif MODE == "differ":
     os.environ["NNCOMM_DIRECT_BYTES"] = str((RANK + 1) * 64)
 elif MODE == "differ_checks" and RANK == 0:
@@ -30,7 +32,8 @@ elif MODE == "same":
 
 ck = Checker("settings")
 expected = {
-    "bad": ["NNCOMM_CHUNK_BYTES=4k", "NNCOMM_TIMEOUT=-1"],
+    "bad": ["NNCOMM_CHUNK_BYTES=4k", "NNCOMM_TIMEOUT=-1",
+            "NNCOMM_GPU_TRANSPORT=gloo (expected auto, nccl or mpi)"],
     "differ": ["NNCOMM_DIRECT_BYTES differs between ranks"]
     + [f"{(r + 1) * 64} on ranks [{r}]" for r in range(SIZE)],
     "differ_checks": ["NNCOMM_CHECK_CALLS differs between ranks",

@@ -1,0 +1,59 @@
+// DeviceGroup: a group's collectives on CUDA device memory, on the device
+// transport chosen for the group (config::gpu_transport()): NCCL where it
+// loads on every rank and every rank has a device of its own (NCCL refuses
+// two ranks on one), MPI through pinned host memory otherwise; every rank
+// makes the same choice. The list collectives run on DeviceArrays, in the
+// group's turn, ordered with the caller's compute stream: they read what
+// was enqueued there before the call, and work enqueued there after it
+// sees their results; the host waits for the device only where a
+// collective's host part needs it.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "nncomm/collective_queue.hpp"
+#include "nncomm/collectives.hpp"
+#include "nncomm/cuda_pack.hpp"
+#include "nncomm/device_arrays.hpp"
+#include "nncomm/device_transport.hpp"
+#include "nncomm/group.hpp"
+
+namespace nncomm {
+
+class DeviceGroup {
+public:
+  // Over `group`'s ranks, on the device current to the calling thread.
+  // Collective over `group`'s ranks.
+  static Status Create(Group &group, std::unique_ptr<DeviceGroup> *out);
+  ~DeviceGroup();
+
+  // "nccl" or "mpi".
+  const char *transport_name() const { return nccl_ ? "nccl" : "mpi"; }
+
+  Status all_reduce(CudaStream compute, std::vector<ArrayRef> &arrays,
+                    bool division, float scale, bool fuse,
+                    Materializer materialize);
+  Status reduce(CudaStream compute, const std::vector<ArrayRef> &arrays,
+                int root, bool division, bool fuse);
+  Status bcast(CudaStream compute, const std::vector<ArrayRef> &arrays,
+               int root, bool fuse);
+  Status all_gather(CudaStream compute, const ArrayRef &send,
+                    const std::vector<ArrayRef> &recv);
+  Status reduce_scatter(CudaStream compute, const std::vector<ArrayRef> &send,
+                        const ArrayRef &recv, bool division);
+
+private:
+  DeviceGroup() = default;
+  // Runs `collective` in the group's turn, after `compute`'s work so far
+  // and before its later work.
+  template <typename Collective>
+  Status ordered(CudaStream compute, Collective collective);
+
+  CollectiveQueue queue_;
+  std::unique_ptr<DeviceTransport> transport_;
+  std::unique_ptr<DeviceArrays> memory_; // on transport_
+  bool nccl_ = false;
+};
+
+} // namespace nncomm
