@@ -6,15 +6,19 @@ the Cython in pyx/ and the C++/CUDA in src/ and include/:
   (``mpicxx -show``), looked up first beside the running interpreter (where
   the PyPI ``mpich`` wheel puts it), then on PATH; ``MPICXX`` names another
   wrapper. ``NNCOMM_MPI=0`` leaves it out (a machine with no MPI to build
-  against, where only the packing kernels are wanted).
+  against, where only the packing kernels are wanted). Its GPU path
+  (src/*.cu: packer, device transports, runner, device group) is compiled
+  where CUDA is, as below; without it, its entry points say so.
 - ``nncomm.packing``, the bucket packing kernels, which need neither MPI nor
-  nnabla. Its CUDA half (src/*.cu) is compiled with ``nvcc`` when nvcc is on
-  PATH (or under ``CUDA_HOME``); ``NNCOMM_CUDA=1`` makes a missing nvcc an
-  error, ``NNCOMM_CUDA=0`` builds without CUDA even where nvcc is.
-  ``NNCOMM_CUDA_ARCH`` lists the GPU architectures (default ``75;80;90``,
-  plus PTX of the last for newer GPUs). The CUDA runtime is linked
-  statically, so the module imports on machines without a GPU or a CUDA
-  installation.
+  nnabla.
+
+The CUDA halves (.cu) are compiled with ``nvcc`` when nvcc is on PATH (or
+under ``CUDA_HOME``); ``NNCOMM_CUDA=1`` makes a missing nvcc an error,
+``NNCOMM_CUDA=0`` builds without CUDA even where nvcc is.
+``NNCOMM_CUDA_ARCH`` lists the GPU architectures (default ``75;80;90``, plus
+PTX of the last for newer GPUs). The CUDA runtime is linked statically, so
+the modules import on machines without a GPU or a CUDA installation; NCCL
+is loaded at run time, never linked.
 """
 import glob
 import os
@@ -117,17 +121,49 @@ class BuildExt(build_ext):
     def build_extension(self, ext):
         if ext.name in CUDA_SOURCES:
             nvcc, cuda_sources = CUDA_SOURCES[ext.name]
-            os.makedirs(self.build_temp, exist_ok=True)
+            temp = os.path.join(self.build_temp, ext.name)
+            os.makedirs(temp, exist_ok=True)
             for source in cuda_sources:
-                obj = os.path.join(self.build_temp,
-                                   os.path.basename(source) + ".o")
+                obj = os.path.join(temp, os.path.basename(source) + ".o")
                 command = [nvcc, "-c", source, "-o", obj, "-std=c++17", "-O3",
-                           "-Xcompiler", "-fPIC,-Wall", "-Iinclude"] + \
-                    gencode_flags()
+                           "-Xcompiler", "-fPIC,-Wall"] + \
+                    [f"-I{d}" for d in ext.include_dirs] + gencode_flags()
                 print(" ".join(command))
                 subprocess.check_call(command)
                 ext.extra_objects.append(obj)
         super().build_extension(ext)
+
+
+def cuda_build():
+    """nvcc and its CUDA installation, or None, as NNCOMM_CUDA says."""
+    want = env_switch("NNCOMM_CUDA")
+    found = find_nvcc() if want is not False else None
+    if want and found is None:
+        sys.exit("nncomm: NNCOMM_CUDA=1 but no nvcc on PATH or under "
+                 "CUDA_HOME")
+    return found
+
+
+CUDA = cuda_build()
+
+
+def extension(name, sources, cuda_sources, without_cuda, **kwargs):
+    """An Extension whose `cuda_sources` are compiled by nvcc where CUDA is,
+    linked with the static CUDA runtime; elsewhere `without_cuda` stand in
+    for them."""
+    kwargs["include_dirs"] = ["include", "pyx"] + \
+        kwargs.get("include_dirs", [])
+    if CUDA is None:
+        return Extension(name, sources=sources + without_cuda,
+                         language="c++", extra_compile_args=CXXFLAGS,
+                         depends=DEPENDS, **kwargs)
+    nvcc, root = CUDA
+    CUDA_SOURCES[name] = (nvcc, cuda_sources)
+    kwargs.setdefault("library_dirs", []).append(cuda_library_dir(root))
+    kwargs.setdefault("libraries", []).extend(
+        ["cudart_static", "dl", "rt", "pthread"])
+    return Extension(name, sources=sources, language="c++",
+                     extra_compile_args=CXXFLAGS, depends=DEPENDS, **kwargs)
 
 
 def communicator_extension():
@@ -135,39 +171,22 @@ def communicator_extension():
     mpi = mpi_build_flags()
     sources = [s for s in sorted(glob.glob("src/*.cpp"))
                if not os.path.basename(s).startswith("cuda_")]
-    return Extension(
-        "nncomm._nncomm",
-        sources=["pyx/_nncomm.pyx"] + sources,
-        include_dirs=["include", "pyx", mpi4py.get_include()] +
-        mpi["include_dirs"],
-        library_dirs=mpi["library_dirs"],
-        libraries=mpi["libraries"],
-        runtime_library_dirs=mpi["runtime_library_dirs"],
-        language="c++",
-        extra_compile_args=CXXFLAGS,
-        depends=DEPENDS,
-    )
+    return extension(
+        "nncomm._nncomm", ["pyx/_nncomm.pyx"] + sources,
+        sorted(glob.glob("src/*.cu")),
+        ["src/cuda_unavailable.cpp", "src/cuda_device_group_unavailable.cpp"],
+        include_dirs=[mpi4py.get_include()] + mpi["include_dirs"],
+        library_dirs=list(mpi["library_dirs"]),
+        libraries=list(mpi["libraries"]) + ["dl"],
+        runtime_library_dirs=mpi["runtime_library_dirs"])
 
 
 def packing_extension():
-    want = env_switch("NNCOMM_CUDA")
-    found = find_nvcc() if want is not False else None
-    if want and found is None:
-        sys.exit("nncomm: NNCOMM_CUDA=1 but no nvcc on PATH or under "
-                 "CUDA_HOME")
-    sources = ["pyx/packing.pyx", "src/pack.cpp", "src/host_ops.cpp"]
-    if found is None:
-        return Extension("nncomm.packing",
-                         sources=sources + ["src/cuda_unavailable.cpp"],
-                         include_dirs=["include", "pyx"], language="c++",
-                         extra_compile_args=CXXFLAGS, depends=DEPENDS)
-    nvcc, root = found
-    CUDA_SOURCES["nncomm.packing"] = (nvcc, sorted(glob.glob("src/*.cu")))
-    return Extension("nncomm.packing", sources=sources,
-                     include_dirs=["include", "pyx"], language="c++",
-                     extra_compile_args=CXXFLAGS, depends=DEPENDS,
-                     library_dirs=[cuda_library_dir(root)],
-                     libraries=["cudart_static", "dl", "rt", "pthread"])
+    return extension(
+        "nncomm.packing",
+        ["pyx/packing.pyx", "src/pack.cpp", "src/host_ops.cpp"],
+        ["src/cuda_pack.cu", "src/cuda_devices.cu"],
+        ["src/cuda_unavailable.cpp"])
 
 
 extensions = [packing_extension()]

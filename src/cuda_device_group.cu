@@ -7,8 +7,11 @@
 #include <string>
 
 #include "cuda_calls.hpp"
+#include "nncomm/collective_queue.hpp"
 #include "nncomm/config.hpp"
+#include "nncomm/cuda_devices.hpp"
 #include "nncomm/cuda_staged_transport.hpp"
+#include "nncomm/device_arrays.hpp"
 #include "nncomm/fingerprint.hpp"
 #include "nncomm/nccl_transport.hpp"
 #include "nncomm/wait.hpp"
@@ -31,9 +34,24 @@ Status device_identity(uint64_t *identity) {
 
 } // namespace
 
+struct DeviceGroup::State {
+  CollectiveQueue queue;
+  std::unique_ptr<DeviceTransport> transport;
+  std::unique_ptr<DeviceArrays> memory; // on transport
+  bool nccl = false;
+};
+
+DeviceGroup::DeviceGroup(std::unique_ptr<State> state)
+    : state_(std::move(state)) {}
+
 DeviceGroup::~DeviceGroup() = default;
 
-Status DeviceGroup::Create(Group &group, std::unique_ptr<DeviceGroup> *out) {
+const char *DeviceGroup::transport_name() const {
+  return state_->nccl ? "nccl" : "mpi";
+}
+
+Status DeviceGroup::Create(Group &group, const void *on,
+                           std::unique_ptr<DeviceGroup> *out) {
   std::unique_ptr<MpiTransport> host;
   NNCOMM_RETURN_IF_ERROR(group.duplicate_transport(&host));
   const config::GpuTransport choice = config::gpu_transport();
@@ -41,22 +59,34 @@ Status DeviceGroup::Create(Group &group, std::unique_ptr<DeviceGroup> *out) {
   Status loaded = Status::RuntimeError("NNCOMM_GPU_TRANSPORT=mpi");
   if (choice != config::GpuTransport::kMpi)
     loaded = load_nccl(config::nccl_library(), &api);
-  int64_t mine[2] = {0, loaded.ok() ? 1 : 0};
-  NNCOMM_RETURN_IF_ERROR(
-      device_identity(reinterpret_cast<uint64_t *>(&mine[0])));
-  // Every rank decides from what every rank found, so all decide alike.
+  uint64_t identity = 0;
+  Status here = cuda_use_device_of(on);
+  if (here.ok())
+    here = device_identity(&identity);
+  // Every rank decides from what every rank found, so all decide alike,
+  // and all fail where one cannot go on.
+  int64_t mine[3] = {static_cast<int64_t>(identity), loaded.ok() ? 1 : 0,
+                     here.ok() ? 1 : 0};
   const int size = host->size();
-  std::vector<int64_t> all(2 * size);
-  NNCOMM_RETURN_IF_ERROR(host->allgather(mine, all.data(), 2, DType::kInt64));
+  std::vector<int64_t> all(3 * size);
+  NNCOMM_RETURN_IF_ERROR(host->allgather(mine, all.data(), 3, DType::kInt64));
+  NNCOMM_RETURN_IF_ERROR(here);
   std::set<int64_t> devices;
-  std::vector<int> without_nccl;
+  std::vector<int> without_nccl, without_device;
   for (int r = 0; r < size; ++r) {
-    devices.insert(all[2 * r]);
-    if (all[2 * r + 1] == 0)
+    devices.insert(all[3 * r]);
+    if (all[3 * r + 1] == 0)
       without_nccl.push_back(r);
+    if (all[3 * r + 2] == 0)
+      without_device.push_back(r);
+  }
+  if (!without_device.empty()) {
+    return Status::RuntimeError("group ranks " + rank_list(without_device) +
+                                " have no CUDA device to communicate on");
   }
   const bool shared = static_cast<int>(devices.size()) < size;
-  if (choice == config::GpuTransport::kNccl && (shared || !without_nccl.empty())) {
+  if (choice == config::GpuTransport::kNccl &&
+      (shared || !without_nccl.empty())) {
     if (!loaded.ok())
       return loaded;
     return Status::InvalidArgument(
@@ -65,29 +95,31 @@ Status DeviceGroup::Create(Group &group, std::unique_ptr<DeviceGroup> *out) {
                : "NNCOMM_GPU_TRANSPORT=nccl, but NCCL could not be loaded "
                  "on group ranks " + rank_list(without_nccl));
   }
-  std::unique_ptr<DeviceGroup> g(new DeviceGroup);
-  g->nccl_ = !shared && without_nccl.empty();
-  if (g->nccl_) {
+  std::unique_ptr<State> state(new State);
+  state->nccl = !shared && without_nccl.empty();
+  if (state->nccl) {
     std::unique_ptr<NcclTransport> nccl;
     NNCOMM_RETURN_IF_ERROR(NcclTransport::Create(*api, std::move(host), &nccl));
-    g->transport_ = std::move(nccl);
+    state->transport = std::move(nccl);
   } else {
     std::unique_ptr<StagedTransport> staged;
     NNCOMM_RETURN_IF_ERROR(StagedTransport::Create(std::move(host), &staged));
-    g->transport_ = std::move(staged);
+    state->transport = std::move(staged);
   }
-  NNCOMM_RETURN_IF_ERROR(DeviceArrays::Create(*g->transport_, &g->memory_));
-  *out = std::move(g);
+  NNCOMM_RETURN_IF_ERROR(
+      DeviceArrays::Create(*state->transport, &state->memory));
+  out->reset(new DeviceGroup(std::move(state)));
   return Status::Ok();
 }
 
 template <typename Collective>
 Status DeviceGroup::ordered(CudaStream compute, Collective collective) {
-  CollectiveQueue::Turn turn(queue_);
+  CollectiveQueue::Turn turn(state_->queue);
   NNCOMM_RETURN_IF_ERROR(turn.status());
-  NNCOMM_RETURN_IF_ERROR(transport_->follow(compute));
-  NNCOMM_RETURN_IF_ERROR(collective(*transport_, *memory_));
-  return transport_->lead(compute);
+  DeviceTransport &transport = *state_->transport;
+  NNCOMM_RETURN_IF_ERROR(transport.follow(compute));
+  NNCOMM_RETURN_IF_ERROR(collective(transport, *state_->memory));
+  return transport.lead(compute);
 }
 
 Status DeviceGroup::all_reduce(CudaStream compute,

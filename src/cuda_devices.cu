@@ -17,4 +17,22 @@ Status cuda_device_count(int *count) {
   return Status::Ok();
 }
 
+Status cuda_use_device_of(const void *ptr) {
+  cudaPointerAttributes attributes;
+  cudaError_t err = cudaPointerGetAttributes(&attributes, ptr);
+  if (err == cudaSuccess && attributes.type != cudaMemoryTypeDevice &&
+      attributes.type != cudaMemoryTypeManaged) {
+    return Status::InvalidArgument(
+        "an array handed over as GPU memory (__cuda_array_interface__) is "
+        "not device memory");
+  }
+  if (err == cudaSuccess)
+    err = cudaSetDevice(attributes.device);
+  if (err != cudaSuccess) {
+    return Status::RuntimeError(std::string("the device of a GPU array: ") +
+                                cudaGetErrorString(err));
+  }
+  return Status::Ok();
+}
+
 } // namespace nncomm

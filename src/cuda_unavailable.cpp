@@ -5,12 +5,14 @@
 
 namespace nncomm {
 
-namespace {
-Status unavailable() {
+Status built_without_cuda() {
   return Status::RuntimeError(
       "nncomm was built without CUDA (nvcc was not found at build time, or "
       "NNCOMM_CUDA=0); rebuild with nvcc on PATH or NNCOMM_CUDA=1");
 }
+
+namespace {
+Status unavailable() { return built_without_cuda(); }
 } // namespace
 
 struct CudaPacker::Device {};
@@ -18,6 +20,8 @@ struct CudaPacker::Device {};
 bool cuda_packing_built() { return false; }
 
 Status cuda_device_count(int *) { return unavailable(); }
+
+Status cuda_use_device_of(const void *) { return unavailable(); }
 
 Status CudaPacker::Create(std::unique_ptr<CudaPacker> *, size_t) {
   return unavailable();

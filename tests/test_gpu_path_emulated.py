@@ -86,6 +86,7 @@ def transports_over_mpi(tmp_path_factory):
                  ["src/collectives.cpp", "src/cuda_device_arrays.cu",
                   "src/cuda_pack.cu", "src/bucket_plan.cpp", "src/pack.cpp",
                   "src/fusion_buffer.cpp", "src/cuda_device_group.cu",
+                  "src/cuda_devices.cu",
                   "src/group.cpp", "src/collective_queue.cpp",
                   "src/host_arrays.cpp"])
 

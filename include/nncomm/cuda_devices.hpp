@@ -10,4 +10,12 @@ namespace nncomm {
 // runtime's reason when there is none to see (no driver, no device).
 Status cuda_device_count(int *count);
 
+// Makes the device holding `ptr` (device memory) current for the calling
+// thread, in this module's CUDA runtime (linked statically, so not the
+// framework's: each keeps its own current device).
+Status cuda_use_device_of(const void *ptr);
+
+// The error of every CUDA entry point in a build without nvcc.
+Status built_without_cuda();
+
 } // namespace nncomm

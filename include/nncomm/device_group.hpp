@@ -6,30 +6,34 @@
 // group's turn, ordered with the caller's compute stream: they read what
 // was enqueued there before the call, and work enqueued there after it
 // sees their results; the host waits for the device only where a
-// collective's host part needs it.
+// collective's host part needs it. Its state is private to the CUDA build
+// (src/cuda_device_group.cu), so that a build without CUDA links the
+// binding anyway, every call saying why it cannot work
+// (src/cuda_unavailable.cpp).
 #pragma once
 
 #include <memory>
 #include <vector>
 
-#include "nncomm/collective_queue.hpp"
 #include "nncomm/collectives.hpp"
 #include "nncomm/cuda_pack.hpp"
-#include "nncomm/device_arrays.hpp"
-#include "nncomm/device_transport.hpp"
 #include "nncomm/group.hpp"
 
 namespace nncomm {
 
 class DeviceGroup {
 public:
-  // Over `group`'s ranks, on the device current to the calling thread.
-  // Collective over `group`'s ranks.
-  static Status Create(Group &group, std::unique_ptr<DeviceGroup> *out);
+  // Over `group`'s ranks, on the device holding `on` (device memory).
+  // Collective over `group`'s ranks; fails on every rank when it fails on
+  // one.
+  static Status Create(Group &group, const void *on,
+                       std::unique_ptr<DeviceGroup> *out);
   ~DeviceGroup();
+  DeviceGroup(const DeviceGroup &) = delete;
+  DeviceGroup &operator=(const DeviceGroup &) = delete;
 
   // "nccl" or "mpi".
-  const char *transport_name() const { return nccl_ ? "nccl" : "mpi"; }
+  const char *transport_name() const;
 
   Status all_reduce(CudaStream compute, std::vector<ArrayRef> &arrays,
                     bool division, float scale, bool fuse,
@@ -44,16 +48,14 @@ public:
                         const ArrayRef &recv, bool division);
 
 private:
-  DeviceGroup() = default;
+  struct State;
+  explicit DeviceGroup(std::unique_ptr<State> state);
   // Runs `collective` in the group's turn, after `compute`'s work so far
   // and before its later work.
   template <typename Collective>
   Status ordered(CudaStream compute, Collective collective);
 
-  CollectiveQueue queue_;
-  std::unique_ptr<DeviceTransport> transport_;
-  std::unique_ptr<DeviceArrays> memory_; // on transport_
-  bool nccl_ = false;
+  const std::unique_ptr<State> state_;
 };
 
 } // namespace nncomm

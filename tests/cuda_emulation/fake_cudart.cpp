@@ -338,6 +338,21 @@ cudaError_t cudaDeviceGetPCIBusId(char *bus, int length, int device) {
   return cudaSuccess;
 }
 
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *attributes,
+                                     const void *p) {
+  Call call;
+  *attributes = cudaPointerAttributes{};
+  attributes->type = cudaMemoryTypeUnregistered;
+  for (int device = -1; device < kDevices; ++device) {
+    if (rt().find(p, 1, device) != nullptr) {
+      attributes->type =
+          device < 0 ? cudaMemoryTypeHost : cudaMemoryTypeDevice;
+      attributes->device = device < 0 ? 0 : device;
+    }
+  }
+  return cudaSuccess;
+}
+
 cudaError_t cudaSetDevice(int device) {
   if (device < 0 || device >= kDevices)
     return cudaErrorInvalidDevice;

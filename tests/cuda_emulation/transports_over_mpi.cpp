@@ -376,12 +376,12 @@ void check_lists(DeviceTransport &t, ArrayMemory &memory) {
 // where it loads, NNCOMM_NCCL_LIBRARY, and no two ranks share a device),
 // and the list collectives through it, ordered with the compute stream.
 std::string check_group() {
+  const size_t n = 1000;
+  DeviceArray a(n, DType::kFloat32), b(3 * n, DType::kFloat32);
   std::unique_ptr<Group> group;
   ok(Group::Create(MPI_COMM_WORLD, &group), "Group::Create");
   std::unique_ptr<DeviceGroup> devices;
-  ok(DeviceGroup::Create(*group, &devices), "DeviceGroup::Create");
-  const size_t n = 1000;
-  DeviceArray a(n, DType::kFloat32), b(3 * n, DType::kFloat32);
+  ok(DeviceGroup::Create(*group, a.device, &devices), "DeviceGroup::Create");
   std::vector<double> mine(n), sum(n, 0.0);
   for (size_t i = 0; i < n; ++i) {
     mine[i] = input(rank, i);

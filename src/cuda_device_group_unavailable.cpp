@@ -1,0 +1,50 @@
+// DeviceGroup in a communicator built without CUDA: every call says why it
+// cannot work, so that the binding links and a caller gets a clear error.
+#include "nncomm/cuda_devices.hpp"
+#include "nncomm/device_group.hpp"
+
+namespace nncomm {
+
+namespace {
+Status unavailable() { return built_without_cuda(); }
+} // namespace
+
+struct DeviceGroup::State {};
+
+DeviceGroup::DeviceGroup(std::unique_ptr<State> state)
+    : state_(std::move(state)) {}
+DeviceGroup::~DeviceGroup() = default;
+
+Status DeviceGroup::Create(Group &, const void *,
+                           std::unique_ptr<DeviceGroup> *) {
+  return unavailable();
+}
+
+const char *DeviceGroup::transport_name() const { return "none"; }
+
+Status DeviceGroup::all_reduce(CudaStream, std::vector<ArrayRef> &, bool,
+                               float, bool, Materializer) {
+  return unavailable();
+}
+
+Status DeviceGroup::reduce(CudaStream, const std::vector<ArrayRef> &, int,
+                           bool, bool) {
+  return unavailable();
+}
+
+Status DeviceGroup::bcast(CudaStream, const std::vector<ArrayRef> &, int,
+                          bool) {
+  return unavailable();
+}
+
+Status DeviceGroup::all_gather(CudaStream, const ArrayRef &,
+                               const std::vector<ArrayRef> &) {
+  return unavailable();
+}
+
+Status DeviceGroup::reduce_scatter(CudaStream, const std::vector<ArrayRef> &,
+                                   const ArrayRef &, bool) {
+  return unavailable();
+}
+
+} // namespace nncomm
