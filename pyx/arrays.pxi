@@ -6,9 +6,17 @@ from libc.stdint cimport uintptr_t
 
 import zlib
 
-import nnabla as nn
 import numpy as np
-from nnabla import NdArray
+
+try:
+    import nnabla as nn
+    from nnabla import NdArray
+except ImportError:
+    # GPU arrays (gpu_arrays.pxi) need no nnabla: nothing is an NdArray.
+    nn = None
+
+    class NdArray:
+        pass
 
 # nnabla's default element type: the dtype of an array never written yet.
 _DEFAULT_DTYPE = np.dtype(np.float32)
@@ -20,15 +28,21 @@ cdef dict _DTYPE_CODES = {np.dtype(name): code
 
 
 cdef list as_ndarray_list(data, str what):
-    """`data` (an NdArray, or a list or tuple of them) as a list."""
-    if isinstance(data, NdArray):
+    """`data` (an NdArray, or a list or tuple of them; or GPU arrays, see
+    gpu_arrays.pxi, all of them) as a list."""
+    if isinstance(data, NdArray) or is_gpu_array(data):
         return [data]
     if not isinstance(data, (list, tuple)):
         raise TypeError(
             f"{what} must be an nnabla NdArray or a list of NdArrays, "
             f"not {type(data).__name__}")
+    gpu = len(data) > 0 and is_gpu_array(data[0])
     for i, x in enumerate(data):
-        if not isinstance(x, NdArray):
+        if gpu and not is_gpu_array(x):
+            raise TypeError(
+                f"{what}[{i}] is a {type(x).__name__}, not a GPU array "
+                f"(__cuda_array_interface__) as {what}[0] is")
+        if not gpu and not isinstance(x, NdArray):
             raise TypeError(
                 f"{what}[{i}] is a {type(x).__name__}, not an nnabla NdArray "
                 f"(pass a Variable's .data or .grad)")
@@ -38,6 +52,8 @@ cdef list as_ndarray_list(data, str what):
 cdef int check_distinct(list arrays, str what) except -1:
     """Refuses a list that holds one array twice: reduced in place, it would
     count twice in the fused path and be overwritten in the direct one."""
+    if arrays and is_gpu_array(arrays[0]):
+        return check_distinct_memory(arrays, what)
     if len(arrays) > 1 and len(set(arrays)) != len(arrays):
         seen = {}
         for i, x in enumerate(arrays):
@@ -94,13 +110,16 @@ cdef class ArrayList:
         m.context = <void*>self
         return m
 
-    cdef int check_floating(self, str what) except -1:
-        for i, dt in enumerate(self.dtypes):
-            if dt.kind != "f":
-                raise TypeError(
-                    f"division=True averages, which needs floating-point "
-                    f"data; {what}[{i}] is {dt}")
-        return 0
+
+
+cdef int check_floating(list dtypes, str what) except -1:
+    """Refuses averaging (division=True) arrays that are not floating."""
+    for i, dt in enumerate(dtypes):
+        if dt.kind != "f":
+            raise TypeError(
+                f"division=True averages, which needs floating-point "
+                f"data; {what}[{i}] is {dt}")
+    return 0
 
 
 cdef ArrayList collect(list arrays, ctx, str what, dtype,

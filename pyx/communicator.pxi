@@ -1,6 +1,10 @@
 # Communicator: nnabla's Communicator API over MPI, on nnabla's own memory.
 
-from nnabla import Variable
+try:
+    from nnabla import Variable
+except ImportError:
+    class Variable:  # without nnabla, no parameters to register
+        pass
 
 from nncomm import cuda_context
 
@@ -269,12 +273,27 @@ cdef class Communicator:
         cdef _Group g = self._member(group)
         cdef list data_list = as_ndarray_list(data, "data")
         check_distinct(data_list, "data")
+        cdef Status status
+        cdef GpuArrays gpu
+        cdef DeviceGroup* devices
+        cdef Materializer none
+        none.fn = NULL  # GPU arrays are never zeroing
+        none.context = NULL
+        if data_list and is_gpu_array(data_list[0]):
+            gpu = collect_gpu(data_list, "data", None)
+            if division:
+                check_floating(gpu.dtypes, "data")
+            devices = g.devices(gpu.first())
+            with nogil:
+                status = devices.all_reduce(gpu.stream, gpu.refs, division,
+                                            1.0, not inplace, none)
+            CHKSTATUS(status)
+            return
         cdef ArrayList arrays = collect(data_list, self._ctx, "data", None,
                                         True)
         if division:
-            arrays.check_floating("data")
+            check_floating(arrays.dtypes, "data")
         cdef Materializer materialize = arrays.materializer()
-        cdef Status status
         with nogil:
             status = deref(g.core).all_reduce(arrays.refs, division, 1.0,
                                               not inplace, materialize)
@@ -296,11 +315,23 @@ cdef class Communicator:
         cdef int root = _root(dst, "dst", g, group)
         cdef list data_list = as_ndarray_list(data, "data")
         check_distinct(data_list, "data")
+        cdef Status status
+        cdef GpuArrays gpu
+        cdef DeviceGroup* devices
+        if data_list and is_gpu_array(data_list[0]):
+            gpu = collect_gpu(data_list, "data", None)
+            if division:
+                check_floating(gpu.dtypes, "data")
+            devices = g.devices(gpu.first())
+            with nogil:
+                status = devices.reduce(gpu.stream, gpu.refs, root, division,
+                                        not inplace)
+            CHKSTATUS(status)
+            return
         cdef ArrayList arrays = collect(data_list, self._ctx, "data", None,
                                         False)
         if division:
-            arrays.check_floating("data")
-        cdef Status status
+            check_floating(arrays.dtypes, "data")
         with nogil:
             status = deref(g.core).reduce(arrays.refs, root, division,
                                           not inplace)
@@ -318,9 +349,19 @@ cdef class Communicator:
         """
         cdef _Group g = self._member(group)
         cdef int root = _root(src, "src", g, group)
-        cdef ArrayList arrays = collect(as_ndarray_list(data, "data"),
-                                        self._ctx, "data", None, False)
+        cdef list data_list = as_ndarray_list(data, "data")
         cdef Status status
+        cdef GpuArrays gpu
+        cdef DeviceGroup* devices
+        if data_list and is_gpu_array(data_list[0]):
+            gpu = collect_gpu(data_list, "data", None)
+            devices = g.devices(gpu.first())
+            with nogil:
+                status = devices.bcast(gpu.stream, gpu.refs, root, not inplace)
+            CHKSTATUS(status)
+            return
+        cdef ArrayList arrays = collect(data_list, self._ctx, "data", None,
+                                        False)
         with nogil:
             status = deref(g.core).bcast(arrays.refs, root, not inplace)
         CHKSTATUS(status)
@@ -337,6 +378,23 @@ cdef class Communicator:
             group (str): Name of a group.
         """
         cdef _Group g = self._member(group)
+        cdef Status status
+        cdef GpuArrays send_gpu, recv_gpu
+        cdef DeviceGroup* devices
+        if is_gpu_array(ndarray):
+            send_gpu = collect_gpu([ndarray], "ndarray", None)
+            recv_list = _gpu_list(ndarray_list, "ndarray_list")
+            _check_blocks(recv_list, "ndarray_list", send_gpu.refs[0].count,
+                          len(g.ranks))
+            recv_gpu = collect_gpu(recv_list, "ndarray_list",
+                                   send_gpu.dtypes[0])
+            check_same_stream(send_gpu, recv_gpu)
+            devices = g.devices(send_gpu.first())
+            with nogil:
+                status = devices.all_gather(send_gpu.stream, send_gpu.refs[0],
+                                            recv_gpu.refs)
+            CHKSTATUS(status)
+            return
         if not isinstance(ndarray, NdArray):
             raise TypeError(
                 f"ndarray must be an nnabla NdArray, "
@@ -347,7 +405,6 @@ cdef class Communicator:
         _check_blocks(recv_list, "ndarray_list", ndarray.size, len(g.ranks))
         cdef ArrayList recv = collect(recv_list, self._ctx, "ndarray_list",
                                       send.dtypes[0], False)
-        cdef Status status
         with nogil:
             status = deref(g.core).all_gather(send.refs[0], recv.refs)
         CHKSTATUS(status)
@@ -367,6 +424,25 @@ cdef class Communicator:
             group (str): Name of a group.
         """
         cdef _Group g = self._member(group)
+        cdef Status status
+        cdef GpuArrays send_gpu, recv_gpu
+        cdef DeviceGroup* devices
+        if is_gpu_array(ndarray):
+            recv_gpu = collect_gpu([ndarray], "ndarray", None)
+            send_list = _gpu_list(ndarray_list, "ndarray_list")
+            _check_blocks(send_list, "ndarray_list", recv_gpu.refs[0].count,
+                          len(g.ranks))
+            send_gpu = collect_gpu(send_list, "ndarray_list",
+                                   recv_gpu.dtypes[0])
+            check_same_stream(send_gpu, recv_gpu)
+            if division:
+                check_floating(send_gpu.dtypes, "ndarray_list")
+            devices = g.devices(recv_gpu.first())
+            with nogil:
+                status = devices.reduce_scatter(recv_gpu.stream, send_gpu.refs,
+                                                recv_gpu.refs[0], division)
+            CHKSTATUS(status)
+            return
         if not isinstance(ndarray, NdArray):
             raise TypeError(
                 f"ndarray must be an nnabla NdArray, "
@@ -381,10 +457,9 @@ cdef class Communicator:
                     f"ndarray_list mixes dtypes: [0] is {send.dtypes[0]}, "
                     f"[{i}] is {dt}")
         if division:
-            send.check_floating("ndarray_list")
+            check_floating(send.dtypes, "ndarray_list")
         cdef ArrayList recv = collect([ndarray], self._ctx, "ndarray",
                                       send.dtypes[0], False)
-        cdef Status status
         with nogil:
             status = deref(g.core).reduce_scatter(send.refs, recv.refs[0],
                                                   division)
@@ -489,21 +564,29 @@ cdef int _root(value, str what, _Group g, group) except -1:
     return root
 
 
+cdef list _gpu_list(data, str what):
+    """`data` as a list of GPU arrays, the other side of a call being one."""
+    arrays = as_ndarray_list(data, what)
+    if arrays and not is_gpu_array(arrays[0]):
+        raise TypeError(f"{what} holds NdArrays; ndarray is a GPU array")
+    return arrays
+
+
 cdef _check_blocks(list arrays, str what, Py_ssize_t block, Py_ssize_t ranks):
     """One array per rank of `block` elements, or one of `ranks` blocks."""
     if len(arrays) == 1 and ranks > 1:
-        if arrays[0].size != block * ranks:
+        if elements(arrays[0]) != block * ranks:
             raise ValueError(
-                f"{what} is one array of {arrays[0].size} elements; "
+                f"{what} is one array of {elements(arrays[0])} elements; "
                 f"{ranks} ranks x {block} = {block * ranks} expected")
         return
     if len(arrays) != ranks:
         raise ValueError(
             f"{what} has {len(arrays)} arrays; the group has {ranks} ranks")
     for i, x in enumerate(arrays):
-        if x.size != block:
+        if elements(x) != block:
             raise ValueError(
-                f"{what}[{i}] has {x.size} elements; {block} expected "
+                f"{what}[{i}] has {elements(x)} elements; {block} expected "
                 f"(the size of ndarray)")
 
 

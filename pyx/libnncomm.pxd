@@ -60,6 +60,26 @@ cdef extern from "nncomm/group.hpp" namespace "nncomm" nogil:
                               const ArrayRef& recv, bool division)
 
 
+cdef extern from "nncomm/device_group.hpp" namespace "nncomm" nogil:
+    ctypedef void* CudaStream
+    cdef cppclass DeviceGroup:
+        @staticmethod
+        Status Create(Group& group, const void* on,
+                      unique_ptr[DeviceGroup]* out)
+        const char* transport_name()
+        Status all_reduce(CudaStream compute, vector[ArrayRef]& arrays,
+                          bool division, float scale, bool fuse,
+                          Materializer materialize)
+        Status reduce(CudaStream compute, const vector[ArrayRef]& arrays,
+                      int root, bool division, bool fuse)
+        Status bcast(CudaStream compute, const vector[ArrayRef]& arrays,
+                     int root, bool fuse)
+        Status all_gather(CudaStream compute, const ArrayRef& send,
+                          const vector[ArrayRef]& recv)
+        Status reduce_scatter(CudaStream compute, const vector[ArrayRef]& send,
+                              const ArrayRef& recv, bool division)
+
+
 cdef extern from "nncomm/bucket_plan.hpp" namespace "nncomm" nogil:
     struct TensorSpec:
         size_t count

@@ -183,3 +183,11 @@ def test_list_collective_failing_on_one_rank_aborts_the_job():
     # The others would wait for NNCOMM_TIMEOUT (30 min) without the abort,
     # which comes 5 s after the failure.
     assert seconds < 5 + 30, seconds
+
+
+@pytest.mark.parametrize("n", (2, 3))
+def test_gpu_arrays_are_refused_clearly_without_a_gpu(n):
+    # Bad GPU arrays raise before any rank communicates; valid ones raise
+    # on every rank with the reason (no CUDA in the build, or the runtime's
+    # own words), without nnabla imported.
+    run_worker("gpu_arrays", n, ["refused"])

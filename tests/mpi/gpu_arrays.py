@@ -1,0 +1,142 @@
+"""Collectives on GPU arrays (objects with __cuda_array_interface__), with
+no nnabla imported.
+
+MODE refused (any machine): arrays described by the interface over host
+memory; bad arrays raise before any rank communicates, and a valid call
+raises RuntimeError on every rank with the reason the GPU path cannot run
+here (a build without CUDA, or the CUDA runtime's own words: no driver, no
+device, not device memory), never a hang.
+
+MODE cupy (a GPU machine with CuPy): every collective on CuPy arrays
+against numpy, on the transport NNCOMM_GPU_TRANSPORT chooses.
+
+Prints "gpu_arrays: N checks passed on R ranks" from rank 0.
+"""
+import sys
+import types
+
+import numpy as np
+from mpi4py import MPI
+
+sys.modules["nnabla"] = None  # the GPU path must not need it
+import nncomm  # noqa: E402
+
+MODE = sys.argv[1]
+world = MPI.COMM_WORLD
+RANK, SIZE = world.rank, world.size
+failures = []
+checks = 0
+
+
+def check(ok, what):
+    global checks
+    checks += 1
+    if not ok:
+        failures.append(f"[rank {RANK}] FAIL {what}")
+        print(failures[-1], file=sys.stderr, flush=True)
+
+
+def raises(kind, words, call, what):
+    try:
+        call()
+    except kind as e:
+        check(words in str(e), f"{what}: {e!r} lacks {words!r}")
+    else:
+        check(False, f"{what}: no {kind.__name__}")
+
+
+class HostDescribed:
+    """Host memory described as GPU memory: what the binding reads."""
+
+    def __init__(self, array, stream=1, readonly=False, strides=None):
+        self.array = array
+        self.__cuda_array_interface__ = {
+            "shape": array.shape, "typestr": array.dtype.str,
+            "data": (array.ctypes.data, readonly), "version": 3,
+            "strides": strides, "stream": stream}
+
+
+comm = nncomm.Communicator(types.SimpleNamespace(backend=["cpu:float"]))
+comm.init()
+
+if MODE == "refused":
+    a = np.ones(6, np.float32)
+    raises(ValueError, "not contiguous",
+           lambda: comm.all_reduce(HostDescribed(a, strides=(8,))),
+           "strided")
+    raises(ValueError, "read-only",
+           lambda: comm.all_reduce(HostDescribed(a, readonly=True)),
+           "read-only")
+    raises(ValueError, "different CUDA streams",
+           lambda: comm.all_reduce([HostDescribed(a[:3], stream=1),
+                                    HostDescribed(a[3:], stream=7)]),
+           "streams")
+    raises(ValueError, "share memory",
+           lambda: comm.all_reduce([HostDescribed(a), HostDescribed(a[2:])]),
+           "overlap")
+    raises(ValueError, "different CUDA streams",
+           lambda: comm.all_gather(HostDescribed(a[:3], stream=1),
+                                   [HostDescribed(np.zeros(3, np.float32),
+                                                  stream=9)
+                                    for _ in range(SIZE)]),
+           "all_gather streams")
+    raises(TypeError, "dtype uint8",
+           lambda: comm.all_reduce(HostDescribed(np.ones(3, np.uint8))),
+           "dtype")
+    raises(TypeError, "not a GPU array",
+           lambda: comm.all_reduce([HostDescribed(a), a]), "mixed")
+    raises(TypeError, "floating",
+           lambda: comm.all_reduce(HostDescribed(np.ones(3, np.int32)),
+                                   division=True), "division of integers")
+    # A valid call: every rank learns why the GPU path cannot run here.
+    for call in (lambda: comm.all_reduce(HostDescribed(a)),
+                 lambda: comm.bcast(HostDescribed(a), 0)):
+        raises(RuntimeError, "CUDA", call, "no GPU path here")
+else:
+    import cupy as cp
+
+    rng = np.random.default_rng(RANK)
+    mine = [rng.integers(-8, 8, n).astype(dt) for n, dt in
+            [(5, np.float32), (300, np.float32), (7, np.float16),
+             (300000, np.float32), (40, np.int32)]]
+    everyone = world.allgather(mine)
+    for inplace in (False, True):
+        arrays = [cp.asarray(x) for x in mine]
+        comm.all_reduce(arrays, inplace=inplace)
+        for k, x in enumerate(arrays):
+            expected = sum(e[k] for e in everyone)
+            check(np.array_equal(cp.asnumpy(x), expected),
+                  f"all_reduce inplace={inplace} [{k}]")
+    floats = [k for k, x in enumerate(mine) if x.dtype.kind == "f"]
+    for root in range(SIZE):
+        arrays = [cp.asarray(mine[k]) for k in floats]
+        comm.reduce(arrays, root, division=True)
+        for k, x in zip(floats, arrays):
+            mean = sum(e[k].astype(np.float64) for e in everyone) / SIZE
+            got = cp.asnumpy(x)
+            check(np.allclose(got, mean if RANK == root else mine[k],
+                              rtol=1e-3), f"reduce root={root} [{k}]")
+        arrays = [cp.asarray(x) for x in mine]
+        comm.bcast(arrays, root)
+        for k, x in enumerate(arrays):
+            check(np.array_equal(cp.asnumpy(x), everyone[root][k]),
+                  f"bcast root={root} [{k}]")
+    send = cp.asarray(mine[1])
+    recv = [cp.zeros_like(send) for _ in range(SIZE)]
+    comm.all_gather(send, recv)
+    for r in range(SIZE):
+        check(np.array_equal(cp.asnumpy(recv[r]), everyone[r][1]),
+              f"all_gather [{r}]")
+    blocks = [cp.asarray(mine[1]) for _ in range(SIZE)]
+    out = cp.zeros_like(blocks[0])
+    comm.reduce_scatter(blocks, out)
+    check(np.array_equal(cp.asnumpy(out), sum(e[1] for e in everyone)),
+          "reduce_scatter")
+    cp.cuda.get_current_stream().synchronize()
+
+failed = world.allreduce(len(failures))
+if failed:
+    print("\n".join(failures), file=sys.stderr, flush=True)
+    world.Abort(1)
+if RANK == 0:
+    print(f"gpu_arrays: {checks} checks passed on {SIZE} ranks", flush=True)

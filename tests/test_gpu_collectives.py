@@ -1,0 +1,24 @@
+"""Every collective on CuPy arrays, against numpy: NCCL on 1 rank, and the
+host-staged MPI transport on 2 ranks sharing the GPU (NCCL refuses them).
+Needs a CUDA GPU, CuPy and a build with nvcc; skipped otherwise (the same
+paths run on emulated devices in test_gpu_path_emulated.py)."""
+import pytest
+
+from launcher import run_worker
+
+pytestmark = pytest.mark.gpu
+
+cupy = pytest.importorskip("cupy")
+try:
+    _DEVICES = cupy.cuda.runtime.getDeviceCount()
+except cupy.cuda.runtime.CUDARuntimeError:
+    _DEVICES = 0
+if _DEVICES == 0:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+
+@pytest.mark.parametrize("n,transport", [(1, "nccl"), (2, "mpi")])
+def test_collectives_on_cupy_arrays(n, transport):
+    out = run_worker("gpu_arrays", n, ["cupy"],
+                     env={"NNCOMM_GPU_TRANSPORT": transport})
+    assert "checks passed" in out
