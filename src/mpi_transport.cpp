@@ -1,10 +1,12 @@
 #include "nncomm/mpi_transport.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <thread>
 
 #include "nncomm/bfloat16.hpp"
 #include "nncomm/config.hpp"
@@ -102,6 +104,9 @@ void abort_world(const char *reason) {
   std::fprintf(stderr, "nncomm: world rank %d is aborting the job: %s\n",
                rank, reason);
   std::fflush(stderr);
+  // Time for the launcher to forward the line: the abort tears the job
+  // down, its output pipes included.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
