@@ -6,7 +6,6 @@ from cython.operator cimport dereference as deref
 from libc.stdint cimport int64_t, uint64_t
 from libcpp cimport bool as cpp_bool
 from libcpp.mutex cimport mutex
-from libcpp.utility cimport move
 from mpi4py cimport MPI
 from libcore cimport *
 from libnncomm cimport *
@@ -22,5 +21,6 @@ include "process.pxi"
 include "arrays.pxi"
 include "gpu_arrays.pxi"
 include "groups.pxi"
+include "engines.pxi"
 include "callback.pxi"
 include "communicator.pxi"

@@ -106,16 +106,6 @@ cdef int hook_solvers() except -1:
     return 0
 
 
-cdef class _Engine:
-    """An engine thread with its fixed bucket plan, the gradients the plan
-    leaves for the end (those the graph does not reach), and the sizes and
-    dtypes it was planned for."""
-    cdef unique_ptr[Engine] engine
-    cdef list unreached
-    cdef tuple sizes
-    cdef tuple codes  # per gradient: its dtype code when planned
-
-
 cdef class _Backward:
     """One backward in flight over a set of gradients."""
     cdef object owner  # the AllReduceCallback whose call began it
@@ -313,65 +303,14 @@ cdef class AllReduceCallback:
         return bw
 
     cdef _Engine _new_engine(self, tuple reached, tuple sizes, tuple codes):
-        cdef vector[TensorSpec] specs
-        cdef TensorSpec spec
-        for i, (size, code) in enumerate(zip(sizes, codes)):
-            dt = dtype_of(self.data[i])
-            if code < 0 or dt.kind != "f":
-                raise TypeError(f"data[{i}] is {dt}; gradients must be "
-                                f"float32, float16 or float64")
-            spec.count = size
-            spec.dtype = <DType><int>code
-            specs.push_back(spec)
         # Gradients of the last layers are final first: plan those first.
-        cdef vector[size_t] order = list(reversed(reached))
-        cdef vector[Bucket] plan = plan_buckets(
-            specs, order, self.pack_size, self.keep_dtype,
-            <DType><int>self.wire, direct_bytes())
-        # Every rank must run the same plan, or their calls would not match:
-        # one small all-reduce, once per new plan.
-        cdef cpp_bool same = False
-        cdef Status status
-        cdef uint64_t value = plan_fingerprint(plan)
-        with nogil:
-            status = deref(self.group.core).agree(value, &same)
-        CHKSTATUS(status)
-        if not same:
-            raise ValueError(
-                "the ranks of this group disagree on the gradients this "
-                "callback reduces (their number, sizes or dtypes, or which "
-                "of them the graph reaches)")
-        # The engine's own communicator: two callbacks on one group (say,
-        # chained for two halves of the model) must not interleave their
-        # collectives on a shared one.
-        cdef unique_ptr[MpiTransport] own
-        with nogil:
-            status = deref(self.group.core).duplicate_transport(&own)
-        CHKSTATUS(status)
-        cdef _Engine engine = _Engine.__new__(_Engine)
-        planned = set(reached)
-        engine.unreached = [i for i in range(len(self.data))
-                            if i not in planned]
-        engine.sizes = sizes
-        engine.codes = codes
-        cdef unique_ptr[BucketRunner] runner
-        runner.reset(new HostRunner(deref(own)))
-        engine.engine.reset(new Engine(
-            unique_ptr[Transport](own.release()), move(runner),
-            len(self.data), plan, engine_poll_us()))
-        # Every rank must know whether every rank has its buffer, or one
-        # that failed alone would leave the others waiting for its buckets.
-        cdef Status prepared = engine.engine.get().prepare()
-        cdef cpp_bool all_prepared = False
-        with nogil:
-            status = deref(self.group.core).agree(prepared.ok(),
-                                                  &all_prepared)
-        CHKSTATUS(status)
-        CHKSTATUS(prepared)
-        if not (all_prepared and prepared.ok()):
-            raise MemoryError("another rank of the group could not allocate "
-                              "the callback's staging buffer")
-        return engine
+        # On a CUDA context the engine works on the gradients' device, on
+        # nnabla's stream.
+        return make_engine(self.group, self.data, list(reversed(reached)),
+                           sizes, codes, self.pack_size, self.keep_dtype,
+                           self.wire,
+                           device_arrays(self.data[:1], self.ctx, "data",
+                                         None))
 
     cdef int _ready(self, _Backward bw, Py_ssize_t i) except -1:
         x = self.data[i]
@@ -419,16 +358,12 @@ cdef class AllReduceCallback:
             CHKSTATUS(status)  # nothing can be sent any more
         # Every rank reduces the unreached gradients, whatever happened
         # above, so that the ranks' MPI calls stay matched.
-        cdef ArrayList tail = collect(
-            [self.data[i] for i in bw.engine.unreached], self.ctx, "data",
-            None, True)
-        cdef Materializer materialize = tail.materializer()
-        cdef Status tail_status
-        with nogil:
-            tail_status = deref(self.group.core).all_reduce(
-                tail.refs, self.division, self.scale, True, materialize)
-        CHKSTATUS(status)
-        CHKSTATUS(tail_status)
+        try:
+            all_reduce_list(self.group, [self.data[i]
+                                         for i in bw.engine.unreached],
+                            self.ctx, self.division, self.scale, True)
+        finally:
+            CHKSTATUS(status)
         return 0
 
 

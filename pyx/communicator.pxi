@@ -39,14 +39,16 @@ cdef class Communicator:
 
     def __cinit__(self, ctx):
         backends = [str(b) for b in getattr(ctx, "backend", None) or []]
-        if any(b.startswith("cuda") or b.startswith("cudnn")
-               for b in backends):
-            raise ValueError(cuda_context.refusal(backends))
-        if not backends or any(not b.startswith("cpu") for b in backends):
-            # MPI would be handed device addresses as host memory.
+        if not backends or any(not b.startswith(("cpu", "cuda", "cudnn"))
+                               for b in backends):
             raise ValueError(
-                "nncomm's MPI communicator needs a CPU context, as from "
+                "nncomm's communicator needs a CPU or CUDA context, as from "
                 f"get_extension_context('cpu'); got backend {backends}")
+        if computes_on_cuda(ctx):
+            # Collectives would fail on their first array otherwise.
+            missing = cuda_context.missing_pieces()
+            if missing:
+                raise ValueError(cuda_context.refusal(backends, missing))
         self._ctx = ctx
         self._initialized = False
         self._groups = {}
@@ -273,31 +275,7 @@ cdef class Communicator:
         cdef _Group g = self._member(group)
         cdef list data_list = as_ndarray_list(data, "data")
         check_distinct(data_list, "data")
-        cdef Status status
-        cdef GpuArrays gpu
-        cdef DeviceGroup* devices
-        cdef Materializer none
-        none.fn = NULL  # GPU arrays are never zeroing
-        none.context = NULL
-        if data_list and is_gpu_array(data_list[0]):
-            gpu = collect_gpu(data_list, "data", None)
-            if division:
-                check_floating(gpu.dtypes, "data")
-            devices = g.devices(gpu.first())
-            with nogil:
-                status = devices.all_reduce(gpu.stream, gpu.refs, division,
-                                            1.0, not inplace, none)
-            CHKSTATUS(status)
-            return
-        cdef ArrayList arrays = collect(data_list, self._ctx, "data", None,
-                                        True)
-        if division:
-            check_floating(arrays.dtypes, "data")
-        cdef Materializer materialize = arrays.materializer()
-        with nogil:
-            status = deref(g.core).all_reduce(arrays.refs, division, 1.0,
-                                              not inplace, materialize)
-        CHKSTATUS(status)
+        all_reduce_list(g, data_list, self._ctx, division, 1.0, not inplace)
 
     def reduce(self, data, dst, bint division=False, bint inplace=False,
                group="world"):
@@ -316,10 +294,9 @@ cdef class Communicator:
         cdef list data_list = as_ndarray_list(data, "data")
         check_distinct(data_list, "data")
         cdef Status status
-        cdef GpuArrays gpu
+        cdef GpuArrays gpu = device_arrays(data_list, self._ctx, "data", None)
         cdef DeviceGroup* devices
-        if data_list and is_gpu_array(data_list[0]):
-            gpu = collect_gpu(data_list, "data", None)
+        if gpu is not None:
             if division:
                 check_floating(gpu.dtypes, "data")
             devices = g.devices(gpu.first())
@@ -351,10 +328,9 @@ cdef class Communicator:
         cdef int root = _root(src, "src", g, group)
         cdef list data_list = as_ndarray_list(data, "data")
         cdef Status status
-        cdef GpuArrays gpu
+        cdef GpuArrays gpu = device_arrays(data_list, self._ctx, "data", None)
         cdef DeviceGroup* devices
-        if data_list and is_gpu_array(data_list[0]):
-            gpu = collect_gpu(data_list, "data", None)
+        if gpu is not None:
             devices = g.devices(gpu.first())
             with nogil:
                 status = devices.bcast(gpu.stream, gpu.refs, root, not inplace)
@@ -380,6 +356,7 @@ cdef class Communicator:
         cdef _Group g = self._member(group)
         cdef Status status
         cdef GpuArrays send_gpu, recv_gpu
+        cdef ArrayList send, recv
         cdef DeviceGroup* devices
         if is_gpu_array(ndarray):
             send_gpu = collect_gpu([ndarray], "ndarray", None)
@@ -389,24 +366,28 @@ cdef class Communicator:
             recv_gpu = collect_gpu(recv_list, "ndarray_list",
                                    send_gpu.dtypes[0])
             check_same_stream(send_gpu, recv_gpu)
-            devices = g.devices(send_gpu.first())
-            with nogil:
-                status = devices.all_gather(send_gpu.stream, send_gpu.refs[0],
-                                            recv_gpu.refs)
-            CHKSTATUS(status)
-            return
-        if not isinstance(ndarray, NdArray):
-            raise TypeError(
-                f"ndarray must be an nnabla NdArray, "
-                f"not {type(ndarray).__name__}")
-        cdef ArrayList send = collect([ndarray], self._ctx, "ndarray", None,
-                                     False)
-        recv_list = as_ndarray_list(ndarray_list, "ndarray_list")
-        _check_blocks(recv_list, "ndarray_list", ndarray.size, len(g.ranks))
-        cdef ArrayList recv = collect(recv_list, self._ctx, "ndarray_list",
-                                      send.dtypes[0], False)
+        else:
+            if not isinstance(ndarray, NdArray):
+                raise TypeError(
+                    f"ndarray must be an nnabla NdArray, "
+                    f"not {type(ndarray).__name__}")
+            send = collect([ndarray], self._ctx, "ndarray", None, False)
+            recv_list = as_ndarray_list(ndarray_list, "ndarray_list")
+            _check_blocks(recv_list, "ndarray_list", ndarray.size,
+                          len(g.ranks))
+            recv = collect(recv_list, self._ctx, "ndarray_list",
+                           send.dtypes[0], False)
+            if not computes_on_cuda(self._ctx):
+                with nogil:
+                    status = deref(g.core).all_gather(send.refs[0], recv.refs)
+                CHKSTATUS(status)
+                return
+            send_gpu = on_nnabla_stream(send)
+            recv_gpu = on_nnabla_stream(recv)
+        devices = g.devices(send_gpu.first())
         with nogil:
-            status = deref(g.core).all_gather(send.refs[0], recv.refs)
+            status = devices.all_gather(send_gpu.stream, send_gpu.refs[0],
+                                        recv_gpu.refs)
         CHKSTATUS(status)
 
     def reduce_scatter(self, ndarray_list, ndarray, bint division=False,
@@ -426,6 +407,7 @@ cdef class Communicator:
         cdef _Group g = self._member(group)
         cdef Status status
         cdef GpuArrays send_gpu, recv_gpu
+        cdef ArrayList send, recv
         cdef DeviceGroup* devices
         if is_gpu_array(ndarray):
             recv_gpu = collect_gpu([ndarray], "ndarray", None)
@@ -437,32 +419,36 @@ cdef class Communicator:
             check_same_stream(send_gpu, recv_gpu)
             if division:
                 check_floating(send_gpu.dtypes, "ndarray_list")
-            devices = g.devices(recv_gpu.first())
-            with nogil:
-                status = devices.reduce_scatter(recv_gpu.stream, send_gpu.refs,
-                                                recv_gpu.refs[0], division)
-            CHKSTATUS(status)
-            return
-        if not isinstance(ndarray, NdArray):
-            raise TypeError(
-                f"ndarray must be an nnabla NdArray, "
-                f"not {type(ndarray).__name__}")
-        send_list = as_ndarray_list(ndarray_list, "ndarray_list")
-        _check_blocks(send_list, "ndarray_list", ndarray.size, len(g.ranks))
-        cdef ArrayList send = collect(send_list, self._ctx, "ndarray_list", None,
-                                     False)
-        for i, dt in enumerate(send.dtypes):
-            if dt != send.dtypes[0]:
+        else:
+            if not isinstance(ndarray, NdArray):
                 raise TypeError(
-                    f"ndarray_list mixes dtypes: [0] is {send.dtypes[0]}, "
-                    f"[{i}] is {dt}")
-        if division:
-            check_floating(send.dtypes, "ndarray_list")
-        cdef ArrayList recv = collect([ndarray], self._ctx, "ndarray",
-                                      send.dtypes[0], False)
+                    f"ndarray must be an nnabla NdArray, "
+                    f"not {type(ndarray).__name__}")
+            send_list = as_ndarray_list(ndarray_list, "ndarray_list")
+            _check_blocks(send_list, "ndarray_list", ndarray.size,
+                          len(g.ranks))
+            send = collect(send_list, self._ctx, "ndarray_list", None, False)
+            for i, dt in enumerate(send.dtypes):
+                if dt != send.dtypes[0]:
+                    raise TypeError(
+                        f"ndarray_list mixes dtypes: [0] is "
+                        f"{send.dtypes[0]}, [{i}] is {dt}")
+            if division:
+                check_floating(send.dtypes, "ndarray_list")
+            recv = collect([ndarray], self._ctx, "ndarray", send.dtypes[0],
+                           False)
+            if not computes_on_cuda(self._ctx):
+                with nogil:
+                    status = deref(g.core).reduce_scatter(
+                        send.refs, recv.refs[0], division)
+                CHKSTATUS(status)
+                return
+            send_gpu = on_nnabla_stream(send)
+            recv_gpu = on_nnabla_stream(recv)
+        devices = g.devices(recv_gpu.first())
         with nogil:
-            status = deref(g.core).reduce_scatter(send.refs, recv.refs[0],
-                                                  division)
+            status = devices.reduce_scatter(recv_gpu.stream, send_gpu.refs,
+                                            recv_gpu.refs[0], division)
         CHKSTATUS(status)
 
     def all_reduce_callback(self, data, pack_size, bint division=False,
@@ -511,25 +497,12 @@ cdef class Communicator:
         """
         cdef _Group g = self._member(group)
         cdef list grads = as_ndarray_list(data, "data")
-        check_distinct(grads, "data")
-        for i, x in enumerate(grads):
-            dt = dtype_of(x)
-            if dt.kind != "f" or dt not in _DTYPE_CODES:
-                raise TypeError(f"data[{i}] is {dt}; gradients must be "
-                                f"float32, float16 or float64")
-        try:
-            size = operator.index(pack_size)
-        except TypeError:
-            raise TypeError(f"pack_size must be an int, "
-                            f"not {type(pack_size).__name__}") from None
-        if size <= 0:
-            raise ValueError(f"pack_size must be a positive number of "
-                             f"elements, got {size}")
-        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-            raise RuntimeError(
-                "all_reduce_callback runs MPI on an engine thread and needs "
-                "MPI initialized with MPI_THREAD_MULTIPLE (mpi4py's default; "
-                "check mpi4py.rc.thread_level)")
+        if grads and is_gpu_array(grads[0]):
+            raise TypeError(
+                "all_reduce_callback hooks nnabla's backward, which computes "
+                "NdArrays; for GPU arrays of another framework use "
+                "gradient_reducer()")
+        size = _gradient_checks(grads, pack_size, "all_reduce_callback")
         hook_solvers()
         wire = wire_dtype_of(self._ctx)
         key = (group, size, keep_dtype, wire, tuple(grads))
@@ -549,6 +522,108 @@ cdef class Communicator:
         cb.pack_size = size
         cb.wire = _DTYPE_CODES[wire]
         return cb
+
+    def gradient_reducer(self, data, pack_size, bint division=False,
+                         group="world", scale_grad=1, bint keep_dtype=False,
+                         order=None):
+        """The engine of :meth:`all_reduce_callback`, driven by hand: for
+        training loops that are not nnabla's backward (CuPy arrays, another
+        framework) but know when each gradient is final.
+
+        Collective over the group: every rank makes its reducer with the
+        same gradients (number, sizes, dtypes) and `order`.
+
+        Args:
+            data (list of :obj:`NdArray`, or of GPU arrays): The gradients:
+                NdArrays of this communicator's context, or arrays with
+                ``__cuda_array_interface__`` (CuPy), computed on the stream
+                they name (CuPy's current stream when made).
+            pack_size (int): Elements per bucket.
+            division (bool): Average over the group instead of summing.
+            group (str): Name of a group.
+            scale_grad (float): Multiplies the gradients while they are
+                packed.
+            keep_dtype (bool): Reduce each gradient in its own dtype; when
+                false, buckets travel in the context's dtype.
+            order (list of int): The order the gradients usually become
+                final in (buckets are planned in it); by default the
+                reverse of `data`'s, as backward computes them.
+
+        Returns:
+            :obj:`GradientReducer`: ``begin()``, ``ready(i)`` per gradient,
+            ``finish()``, each iteration.
+
+        Example:
+
+        .. code-block:: python
+
+            reducer = comm.gradient_reducer(grads, 2 << 20, division=True)
+            reducer.begin()
+            for i in reversed(range(len(grads))):
+                compute_gradient(i)
+                reducer.ready(i)
+            reducer.finish()
+        """
+        cdef _Group g = self._member(group)
+        cdef list grads = as_ndarray_list(data, "data")
+        size = _gradient_checks(grads, pack_size, "gradient_reducer")
+        wire = wire_dtype_of(self._ctx)
+        return make_reducer(g, grads, self._ctx, order, size, division,
+                            float(scale_grad), keep_dtype, _DTYPE_CODES[wire])
+
+
+cdef Py_ssize_t _gradient_checks(list grads, pack_size, str what) except -1:
+    """Refuses gradients an engine cannot reduce, and returns `pack_size`
+    as an int."""
+    check_distinct(grads, "data")
+    for i, x in enumerate(grads):
+        dt = dtype_of(x) if not is_gpu_array(x) else \
+            np.dtype(x.__cuda_array_interface__["typestr"])
+        if dt.kind != "f" or dt not in _DTYPE_CODES:
+            raise TypeError(f"data[{i}] is {dt}; gradients must be "
+                            f"float32, float16 or float64")
+    try:
+        size = operator.index(pack_size)
+    except TypeError:
+        raise TypeError(f"pack_size must be an int, "
+                        f"not {type(pack_size).__name__}") from None
+    if size <= 0:
+        raise ValueError(f"pack_size must be a positive number of "
+                         f"elements, got {size}")
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        raise RuntimeError(
+            f"{what} runs MPI on an engine thread and needs MPI initialized "
+            f"with MPI_THREAD_MULTIPLE (mpi4py's default; check "
+            f"mpi4py.rc.thread_level)")
+    return size
+
+
+cdef int all_reduce_list(_Group g, list arrays, ctx, bint division,
+                         float scale, bint fuse) except -1:
+    """Communicator.all_reduce's work on `arrays` (checked distinct): on
+    their device, or on the host memory of NdArrays of context `ctx`."""
+    cdef Status status
+    cdef GpuArrays gpu = device_arrays(arrays, ctx, "data", None)
+    cdef DeviceGroup* devices
+    cdef Materializer none
+    none.fn = NULL  # device arrays are never left zeroing
+    none.context = NULL
+    if gpu is not None:
+        if division:
+            check_floating(gpu.dtypes, "data")
+        devices = g.devices(gpu.first())
+        with nogil:
+            status = devices.all_reduce(gpu.stream, gpu.refs, division,
+                                        scale, fuse, none)
+        return CHKSTATUS(status)
+    cdef ArrayList host = collect(arrays, ctx, "data", None, True)
+    if division:
+        check_floating(host.dtypes, "data")
+    cdef Materializer materialize = host.materializer()
+    with nogil:
+        status = deref(g.core).all_reduce(host.refs, division, scale, fuse,
+                                          materialize)
+    return CHKSTATUS(status)
 
 
 cdef int _root(value, str what, _Group g, group) except -1:

@@ -13,16 +13,6 @@ from mpi4py.libmpi cimport MPI_Comm
 from libcore cimport DType, Status
 
 
-cdef extern from "nncomm/transport.hpp" namespace "nncomm" nogil:
-    cdef cppclass Transport:
-        pass
-
-
-cdef extern from "nncomm/mpi_transport.hpp" namespace "nncomm" nogil:
-    cdef cppclass MpiTransport(Transport):
-        pass
-
-
 cdef extern from "nncomm/collectives.hpp" namespace "nncomm" nogil:
     struct ArrayRef:
         void* ptr
@@ -33,51 +23,6 @@ cdef extern from "nncomm/collectives.hpp" namespace "nncomm" nogil:
     struct Materializer:
         void* (*fn)(void* context, size_t index) noexcept
         void* context
-
-
-cdef extern from "nncomm/group.hpp" namespace "nncomm" nogil:
-    cdef cppclass Group:
-        @staticmethod
-        Status Create(MPI_Comm comm, unique_ptr[Group]* out)
-        Status create_subgroup(const vector[int]& ranks,
-                               unique_ptr[Group]* out)
-        Status duplicate_transport(unique_ptr[MpiTransport]* out)
-        int rank()
-        int size()
-        int local_rank()
-        void abort(int errorcode)
-        Status barrier()
-        Status agree(uint64_t value, bool* same)
-        Status allgather(const void* send, void* recv, size_t count,
-                         DType dt)
-        Status all_reduce(vector[ArrayRef]& arrays, bool division,
-                          float scale, bool fuse, Materializer materialize)
-        Status reduce(const vector[ArrayRef]& arrays, int root,
-                      bool division, bool fuse)
-        Status bcast(const vector[ArrayRef]& arrays, int root, bool fuse)
-        Status all_gather(const ArrayRef& send, const vector[ArrayRef]& recv)
-        Status reduce_scatter(const vector[ArrayRef]& send,
-                              const ArrayRef& recv, bool division)
-
-
-cdef extern from "nncomm/device_group.hpp" namespace "nncomm" nogil:
-    ctypedef void* CudaStream
-    cdef cppclass DeviceGroup:
-        @staticmethod
-        Status Create(Group& group, const void* on,
-                      unique_ptr[DeviceGroup]* out)
-        const char* transport_name()
-        Status all_reduce(CudaStream compute, vector[ArrayRef]& arrays,
-                          bool division, float scale, bool fuse,
-                          Materializer materialize)
-        Status reduce(CudaStream compute, const vector[ArrayRef]& arrays,
-                      int root, bool division, bool fuse)
-        Status bcast(CudaStream compute, const vector[ArrayRef]& arrays,
-                     int root, bool fuse)
-        Status all_gather(CudaStream compute, const ArrayRef& send,
-                          const vector[ArrayRef]& recv)
-        Status reduce_scatter(CudaStream compute, const vector[ArrayRef]& send,
-                              const ArrayRef& recv, bool division)
 
 
 cdef extern from "nncomm/bucket_plan.hpp" namespace "nncomm" nogil:
@@ -110,27 +55,63 @@ cdef extern from "nncomm/launch_tuner.hpp" namespace "nncomm" nogil:
         kDeferred
 
 
-cdef extern from "nncomm/bucket_runner.hpp" namespace "nncomm" nogil:
-    cdef cppclass BucketRunner:
-        pass
-
-
-cdef extern from "nncomm/host_runner.hpp" namespace "nncomm" nogil:
-    cdef cppclass HostRunner(BucketRunner):
-        HostRunner(Transport& transport)
-
-
 cdef extern from "nncomm/engine.hpp" namespace "nncomm" nogil:
     cdef cppclass Engine:
-        Engine(unique_ptr[Transport] transport,
-               unique_ptr[BucketRunner] runner, size_t num_tensors,
-               vector[Bucket] plan, int poll_us)
         Status prepare()
         Status begin(float scale, int divisor)
         void mark_ready(size_t tensor, void* ptr, DType dtype)
         void fail(const string& message)
         Status finish()
         Launch launch(bool* decided)
+
+
+cdef extern from "nncomm/group.hpp" namespace "nncomm" nogil:
+    cdef cppclass Group:
+        @staticmethod
+        Status Create(MPI_Comm comm, unique_ptr[Group]* out)
+        Status create_subgroup(const vector[int]& ranks,
+                               unique_ptr[Group]* out)
+        Status create_engine(size_t num_tensors, vector[Bucket] plan,
+                             int poll_us, unique_ptr[Engine]* out)
+        int rank()
+        int size()
+        int local_rank()
+        void abort(int errorcode)
+        Status barrier()
+        Status agree(uint64_t value, bool* same)
+        Status allgather(const void* send, void* recv, size_t count,
+                         DType dt)
+        Status all_reduce(vector[ArrayRef]& arrays, bool division,
+                          float scale, bool fuse, Materializer materialize)
+        Status reduce(const vector[ArrayRef]& arrays, int root,
+                      bool division, bool fuse)
+        Status bcast(const vector[ArrayRef]& arrays, int root, bool fuse)
+        Status all_gather(const ArrayRef& send, const vector[ArrayRef]& recv)
+        Status reduce_scatter(const vector[ArrayRef]& send,
+                              const ArrayRef& recv, bool division)
+
+
+cdef extern from "nncomm/device_group.hpp" namespace "nncomm" nogil:
+    ctypedef void* CudaStream
+    cdef cppclass DeviceGroup:
+        @staticmethod
+        Status Create(Group& group, const void* on,
+                      unique_ptr[DeviceGroup]* out)
+        const char* transport_name()
+        Status create_engine(CudaStream compute, size_t num_tensors,
+                             vector[Bucket] plan, int poll_us,
+                             unique_ptr[Engine]* out)
+        Status all_reduce(CudaStream compute, vector[ArrayRef]& arrays,
+                          bool division, float scale, bool fuse,
+                          Materializer materialize)
+        Status reduce(CudaStream compute, const vector[ArrayRef]& arrays,
+                      int root, bool division, bool fuse)
+        Status bcast(CudaStream compute, const vector[ArrayRef]& arrays,
+                     int root, bool fuse)
+        Status all_gather(CudaStream compute, const ArrayRef& send,
+                          const vector[ArrayRef]& recv)
+        Status reduce_scatter(CudaStream compute, const vector[ArrayRef]& send,
+                              const ArrayRef& recv, bool division)
 
 
 cdef extern from "nncomm/config.hpp" namespace "nncomm::config" nogil:

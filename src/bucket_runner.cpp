@@ -1,7 +1,15 @@
 #include "nncomm/bucket_runner.hpp"
 
+#include <algorithm>
+
 namespace nncomm {
 
+namespace {
+
+// Where a direct bucket of this rank lies, in the planned dtype, to be
+// reduced in place; nullptr when it must go through staging instead (not
+// direct, `zeros`, a gradient never written here, or one in another dtype
+// than planned).
 void *in_place(const Bucket &bucket, const TensorTable &tensors, bool zeros) {
   const Segment &first = bucket.segments[0];
   char *ptr = static_cast<char *>(tensors.ptrs[first.tensor]);
@@ -11,6 +19,8 @@ void *in_place(const Bucket &bucket, const TensorTable &tensors, bool zeros) {
   return ptr + first.tensor_offset * dtype_size(bucket.dtype);
 }
 
+// `bucket`'s segments as the packer takes them (`*segments` refilled):
+// null tensors, read as zeros, with `zeros`.
 void staged_segments(const Bucket &bucket, const TensorTable &tensors,
                      bool zeros, std::vector<PackSegment> *segments) {
   segments->clear();
@@ -18,6 +28,44 @@ void staged_segments(const Bucket &bucket, const TensorTable &tensors,
     segments->push_back({zeros ? nullptr : tensors.ptrs[s.tensor],
                          tensors.dtypes[s.tensor], s.tensor_offset, s.count});
   }
+}
+
+} // namespace
+
+Status BucketRunner::prepare(const std::vector<Bucket> &plan) {
+  size_t bytes = 0;
+  for (const Bucket &b : plan)
+    bytes = std::max(bytes, b.count * dtype_size(b.dtype));
+  return memory_->reserve(std::max<size_t>(bytes, 1), &buffer_);
+}
+
+Status BucketRunner::start(size_t index, const Bucket &bucket,
+                           const TensorTable &tensors, float scale,
+                           int divisor, bool zeros, WorkPtr *work) {
+  unpack_ = false;
+  NNCOMM_RETURN_IF_ERROR(follow(index));
+  if (void *piece = in_place(bucket, tensors, zeros)) {
+    return transport_.start_allreduce(piece, bucket.count, bucket.dtype, scale,
+                                      divisor, work);
+  }
+  staged_segments(bucket, tensors, zeros, &segments_);
+  NNCOMM_RETURN_IF_ERROR(build_pack_table(segments_.data(), segments_.size(),
+                                          bucket.dtype, &table_));
+  NNCOMM_RETURN_IF_ERROR(
+      memory_->reserve(table_.count * dtype_size(bucket.dtype), &buffer_));
+  NNCOMM_RETURN_IF_ERROR(memory_->pack(table_, buffer_, bucket.dtype, scale));
+  wire_ = bucket.dtype;
+  divisor_ = divisor;
+  unpack_ = !zeros;
+  return transport_.start_allreduce(buffer_, table_.count, bucket.dtype, 1.0f,
+                                    1, work);
+}
+
+Status BucketRunner::finish() {
+  if (!unpack_)
+    return Status::Ok();
+  unpack_ = false;
+  return memory_->unpack(table_, buffer_, wire_, divisor_);
 }
 
 } // namespace nncomm

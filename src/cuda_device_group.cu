@@ -10,6 +10,7 @@
 #include "nncomm/collective_queue.hpp"
 #include "nncomm/config.hpp"
 #include "nncomm/cuda_devices.hpp"
+#include "nncomm/cuda_runner.hpp"
 #include "nncomm/cuda_staged_transport.hpp"
 #include "nncomm/device_arrays.hpp"
 #include "nncomm/fingerprint.hpp"
@@ -35,10 +36,30 @@ Status device_identity(uint64_t *identity) {
 } // namespace
 
 struct DeviceGroup::State {
+  Group &group;
+  const NcclApi *nccl; // the group's transport is NCCL's; null: staged MPI
+  int device;
   CollectiveQueue queue;
   std::unique_ptr<DeviceTransport> transport;
   std::unique_ptr<DeviceArrays> memory; // on transport
-  bool nccl = false;
+
+  // A device transport of the group's kind over `host`, on the group's
+  // device. Collective.
+  Status transport_over(std::unique_ptr<MpiTransport> host,
+                        std::unique_ptr<DeviceTransport> *out) const {
+    DeviceScope scope;
+    NNCOMM_RETURN_IF_ERROR(scope.enter(device));
+    if (nccl != nullptr) {
+      std::unique_ptr<NcclTransport> t;
+      NNCOMM_RETURN_IF_ERROR(NcclTransport::Create(*nccl, std::move(host), &t));
+      *out = std::move(t);
+      return Status::Ok();
+    }
+    std::unique_ptr<StagedTransport> t;
+    NNCOMM_RETURN_IF_ERROR(StagedTransport::Create(std::move(host), &t));
+    *out = std::move(t);
+    return Status::Ok();
+  }
 };
 
 DeviceGroup::DeviceGroup(std::unique_ptr<State> state)
@@ -47,7 +68,7 @@ DeviceGroup::DeviceGroup(std::unique_ptr<State> state)
 DeviceGroup::~DeviceGroup() = default;
 
 const char *DeviceGroup::transport_name() const {
-  return state_->nccl ? "nccl" : "mpi";
+  return state_->nccl != nullptr ? "nccl" : "mpi";
 }
 
 Status DeviceGroup::Create(Group &group, const void *on,
@@ -95,20 +116,29 @@ Status DeviceGroup::Create(Group &group, const void *on,
                : "NNCOMM_GPU_TRANSPORT=nccl, but NCCL could not be loaded "
                  "on group ranks " + rank_list(without_nccl));
   }
-  std::unique_ptr<State> state(new State);
-  state->nccl = !shared && without_nccl.empty();
-  if (state->nccl) {
-    std::unique_ptr<NcclTransport> nccl;
-    NNCOMM_RETURN_IF_ERROR(NcclTransport::Create(*api, std::move(host), &nccl));
-    state->transport = std::move(nccl);
-  } else {
-    std::unique_ptr<StagedTransport> staged;
-    NNCOMM_RETURN_IF_ERROR(StagedTransport::Create(std::move(host), &staged));
-    state->transport = std::move(staged);
-  }
+  int device = 0;
+  NNCOMM_CUDA_CALL(cudaGetDevice, &device);
+  std::unique_ptr<State> state(new State{
+      group, !shared && without_nccl.empty() ? api : nullptr, device});
+  NNCOMM_RETURN_IF_ERROR(
+      state->transport_over(std::move(host), &state->transport));
   NNCOMM_RETURN_IF_ERROR(
       DeviceArrays::Create(*state->transport, &state->memory));
   out->reset(new DeviceGroup(std::move(state)));
+  return Status::Ok();
+}
+
+Status DeviceGroup::create_engine(CudaStream compute, size_t num_tensors,
+                                  std::vector<Bucket> plan, int poll_us,
+                                  std::unique_ptr<Engine> *out) {
+  std::unique_ptr<MpiTransport> host;
+  NNCOMM_RETURN_IF_ERROR(state_->group.duplicate_transport(&host));
+  std::unique_ptr<DeviceTransport> own;
+  NNCOMM_RETURN_IF_ERROR(state_->transport_over(std::move(host), &own));
+  std::unique_ptr<CudaRunner> runner;
+  NNCOMM_RETURN_IF_ERROR(CudaRunner::Create(*own, compute, &runner));
+  out->reset(new Engine(std::move(own), std::move(runner), num_tensors,
+                        std::move(plan), poll_us));
   return Status::Ok();
 }
 

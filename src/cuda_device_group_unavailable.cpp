@@ -22,6 +22,11 @@ Status DeviceGroup::Create(Group &, const void *,
 
 const char *DeviceGroup::transport_name() const { return "none"; }
 
+Status DeviceGroup::create_engine(CudaStream, size_t, std::vector<Bucket>, int,
+                                  std::unique_ptr<Engine> *) {
+  return unavailable();
+}
+
 Status DeviceGroup::all_reduce(CudaStream, std::vector<ArrayRef> &, bool,
                                float, bool, Materializer) {
   return unavailable();

@@ -37,6 +37,17 @@ Status Group::duplicate_transport(std::unique_ptr<MpiTransport> *out) {
   return transport_->Duplicate(out);
 }
 
+Status Group::create_engine(size_t num_tensors, std::vector<Bucket> plan,
+                            int poll_us, std::unique_ptr<Engine> *out) {
+  std::unique_ptr<MpiTransport> own;
+  NNCOMM_RETURN_IF_ERROR(duplicate_transport(&own));
+  std::unique_ptr<BucketRunner> runner(
+      new BucketRunner(*own, std::unique_ptr<ArrayMemory>(new HostArrays)));
+  out->reset(new Engine(std::move(own), std::move(runner), num_tensors,
+                        std::move(plan), poll_us));
+  return Status::Ok();
+}
+
 Status Group::barrier() {
   NNCOMM_IN_TURN();
   return transport_->barrier();

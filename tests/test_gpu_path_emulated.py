@@ -88,16 +88,18 @@ def transports_over_mpi(tmp_path_factory):
                   "src/fusion_buffer.cpp", "src/cuda_device_group.cu",
                   "src/cuda_devices.cu",
                   "src/group.cpp", "src/collective_queue.cpp",
-                  "src/host_arrays.cpp"])
+                  "src/host_arrays.cpp", "src/cuda_runner.cu",
+                  "src/engine.cpp", "src/bucket_runner.cpp",
+                  "src/launch_tuner.cpp"])
 
 
 @pytest.fixture(scope="module")
 def engine_over_mpi(tmp_path_factory):
     return build(tmp_path_factory, "engine_over_mpi",
                  ["src/engine.cpp", "src/bucket_runner.cpp",
-                  "src/cuda_runner.cu", "src/cuda_pack.cu",
-                  "src/launch_tuner.cpp", "src/bucket_plan.cpp",
-                  "src/pack.cpp"])
+                  "src/cuda_runner.cu", "src/cuda_device_arrays.cu",
+                  "src/cuda_pack.cu", "src/launch_tuner.cpp",
+                  "src/bucket_plan.cpp", "src/pack.cpp"])
 
 
 def run(program, ranks, args, env=None):

@@ -191,3 +191,8 @@ def test_gpu_arrays_are_refused_clearly_without_a_gpu(n):
     # on every rank with the reason (no CUDA in the build, or the runtime's
     # own words), without nnabla imported.
     run_worker("gpu_arrays", n, ["refused"])
+
+
+@pytest.mark.parametrize("n", RANK_COUNTS)
+def test_gradient_reducer(n):
+    run_worker("reducer", n, timeout=120)

@@ -50,7 +50,7 @@ def test_non_cpu_context_is_refused(name, backend):
 
 @pytest.mark.parametrize("name", sorted(CONSTRUCTORS))
 def test_missing_context_is_refused(name):
-    with pytest.raises(ValueError, match="CPU context"):
+    with pytest.raises(ValueError, match="CPU or CUDA context"):
         CONSTRUCTORS[name](None)
 
 

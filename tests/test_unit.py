@@ -1,4 +1,4 @@
-"""The C++ unit tests (tests/unit/): the engine, the host bucket runner, the
+"""The C++ unit tests (tests/unit/): the engine, the bucket runner on host memory, the
 list collectives, the launch tuner and the waits, on an in-process fake
 transport, without MPI. The program is built once per session from
 tests/unit/ and the core's MPI-free sources; each C++ test runs in a
@@ -16,8 +16,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNIT = os.path.join(REPO, "tests", "unit")
 # The core's sources that the tested code needs, none of them MPI's.
-CORE = ["src/engine.cpp", "src/bucket_runner.cpp", "src/host_runner.cpp",
-        "src/host_arrays.cpp",
+CORE = ["src/engine.cpp", "src/bucket_runner.cpp", "src/host_arrays.cpp",
         "src/transport.cpp", "src/wait.cpp", "src/config.cpp",
         "src/bucket_plan.cpp", "src/pack.cpp", "src/host_ops.cpp",
         "src/fusion_buffer.cpp", "src/launch_tuner.cpp",

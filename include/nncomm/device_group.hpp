@@ -15,8 +15,10 @@
 #include <memory>
 #include <vector>
 
+#include "nncomm/bucket_plan.hpp"
 #include "nncomm/collectives.hpp"
 #include "nncomm/cuda_pack.hpp"
+#include "nncomm/engine.hpp"
 #include "nncomm/group.hpp"
 
 namespace nncomm {
@@ -34,6 +36,14 @@ public:
 
   // "nccl" or "mpi".
   const char *transport_name() const;
+
+  // An engine thread (engine.hpp) reducing `plan`'s buckets of
+  // `num_tensors` gradients in the group's device memory, which the
+  // framework computes on `compute`, over a device transport of its own of
+  // the group's kind (cuda_runner.hpp). Collective.
+  Status create_engine(CudaStream compute, size_t num_tensors,
+                       std::vector<Bucket> plan, int poll_us,
+                       std::unique_ptr<Engine> *out);
 
   Status all_reduce(CudaStream compute, std::vector<ArrayRef> &arrays,
                     bool division, float scale, bool fuse,

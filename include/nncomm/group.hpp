@@ -14,6 +14,8 @@
 #include "nncomm/collective_queue.hpp"
 #include "nncomm/collectives.hpp"
 #include "nncomm/array_memory.hpp"
+#include "nncomm/bucket_plan.hpp"
+#include "nncomm/engine.hpp"
 #include "nncomm/mpi_transport.hpp"
 
 namespace nncomm {
@@ -30,6 +32,11 @@ public:
   // A transport of its own over this group's ranks, for an engine thread
   // whose collectives must not interleave with the group's. Collective.
   Status duplicate_transport(std::unique_ptr<MpiTransport> *out);
+  // An engine thread (engine.hpp) reducing `plan`'s buckets of
+  // `num_tensors` tensors in host memory, on a transport of its own.
+  // Collective.
+  Status create_engine(size_t num_tensors, std::vector<Bucket> plan,
+                       int poll_us, std::unique_ptr<Engine> *out);
 
   int rank() const { return transport_->rank(); }
   int size() const { return transport_->size(); }

@@ -14,6 +14,7 @@ import importlib
 _LAZY = {
     "AllReduceCallback": "nncomm._nncomm",
     "Communicator": "nncomm._nncomm",
+    "GradientReducer": "nncomm._nncomm",
     "CommunicatorError": "nncomm.errors",
     "chain_hooks": "nncomm.hooks",
     "communicators": "nncomm.communicators",

@@ -26,16 +26,17 @@ def missing_pieces():
     return missing
 
 
-def refusal(backends):
+def refusal(backends, missing):
     """Why a communicator cannot be made for a context computing on
     `backends` (a list of nnabla backend names, some not ``cpu``).
+
+    Args:
+        backends (list of str): The context's backends.
+        missing (list of str): What :func:`missing_pieces` found, not empty.
 
     Returns:
         str: the message, naming every missing piece.
     """
-    missing = missing_pieces()
-    why = ("this process lacks " + "; and ".join(missing)) if missing else \
-        "nncomm's CUDA path is not available in this version"
-    return (f"the context's backend {backends} computes on CUDA, and "
-            f"{why}. nncomm's MPI communicator needs a CPU context, as from "
-            f"get_extension_context('cpu')")
+    return (f"the context's backend {backends} computes on CUDA, and this "
+            f"process lacks " + "; and ".join(missing) + ". On this machine "
+            f"use a CPU context, as from get_extension_context('cpu')")

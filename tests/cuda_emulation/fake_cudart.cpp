@@ -151,8 +151,13 @@ struct Runtime {
       violation("deadlock: work left that can never run");
   }
 
+  // CUDA's handles for the default stream: 0, cudaStreamLegacy (what
+  // __cuda_array_interface__ names it by) and cudaStreamPerThread (the
+  // same here: each rank computes on one thread).
   CUstream_st *stream(cudaStream_t s, int device) {
-    return s == nullptr ? &legacy[device] : s;
+    if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread)
+      return &legacy[device];
+    return s;
   }
 
   // Appends `op` to stream `s` with CUDA's ordering: after the stream's

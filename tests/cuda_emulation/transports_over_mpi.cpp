@@ -27,7 +27,9 @@
 #include "nncomm/collectives.hpp"
 #include "nncomm/cuda_staged_transport.hpp"
 #include "nncomm/device_arrays.hpp"
+#include "nncomm/bucket_plan.hpp"
 #include "nncomm/device_group.hpp"
+#include "nncomm/engine.hpp"
 #include "nncomm/group.hpp"
 #include "nncomm/nccl_transport.hpp"
 #include "nncomm/host_ops.hpp"
@@ -372,6 +374,41 @@ void check_lists(DeviceTransport &t, ArrayMemory &memory) {
          "reduce_scatter");
 }
 
+// The group's engine (what all_reduce_callback and gradient_reducer run
+// on GPU gradients): gradients `a` and `b` written on the legacy default
+// stream, as nnabla-ext-cuda computes, and made ready at once; once
+// finish() returns, work on that stream reads their mean.
+void check_engine(DeviceGroup &devices, DeviceArray &a, DeviceArray &b) {
+  std::vector<TensorSpec> specs = {{a.n, a.dt}, {b.n, b.dt}};
+  std::vector<Bucket> plan = plan_buckets(specs, {1, 0}, 700, false,
+                                          DType::kFloat32, 4 * 2000);
+  std::unique_ptr<Engine> engine;
+  ok(devices.create_engine(cudaStreamLegacy, 2, plan, 20, &engine),
+     "DeviceGroup::create_engine");
+  ok(engine->prepare(), "Engine::prepare");
+  for (int k = 0; k < 3; ++k) {
+    std::vector<double> va(a.n), vb(b.n), sa(a.n, 0.0), sb(b.n, 0.0);
+    for (size_t i = 0; i < a.n; ++i) {
+      va[i] = input(rank, i + k);
+      for (int r = 0; r < ranks; ++r)
+        sa[i] += input(r, i + k);
+    }
+    for (size_t i = 0; i < b.n; ++i) {
+      vb[i] = input(rank, 7 * i + k);
+      for (int r = 0; r < ranks; ++r)
+        sb[i] += input(r, 7 * i + k);
+    }
+    ok(engine->begin(1.0f, ranks), "Engine::begin");
+    b.write(vb);
+    engine->mark_ready(1, b.device, b.dt);
+    a.write(va);
+    engine->mark_ready(0, a.device, a.dt);
+    ok(engine->finish(), "Engine::finish");
+    expect(a.read(), divided_by(sa, ranks, a.dt), "engine gradient a");
+    expect(b.read(), divided_by(sb, ranks, b.dt), "engine gradient b");
+  }
+}
+
 // The device group of the world: the transport every rank chose (NCCL
 // where it loads, NNCOMM_NCCL_LIBRARY, and no two ranks share a device),
 // and the list collectives through it, ordered with the compute stream.
@@ -398,9 +435,11 @@ std::string check_group() {
     expect(a.read(), sum, "DeviceGroup::all_reduce");
     expect(b.read(), std::vector<double>(3 * n, double(ranks)),
            "DeviceGroup::all_reduce");
-    ok(devices->bcast(nullptr, refs, 0, true), "DeviceGroup::bcast");
+    ok(devices->bcast(cudaStreamLegacy, refs, 0, true),
+       "DeviceGroup::bcast");
     expect(a.read(), sum, "DeviceGroup::bcast");
   }
+  check_engine(*devices, a, b);
   return devices->transport_name();
 }
 

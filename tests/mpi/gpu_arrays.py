@@ -88,9 +88,17 @@ if MODE == "refused":
     raises(TypeError, "floating",
            lambda: comm.all_reduce(HostDescribed(np.ones(3, np.int32)),
                                    division=True), "division of integers")
+    raises(TypeError, "gradient_reducer",
+           lambda: comm.all_reduce_callback([HostDescribed(a)], 64),
+           "the callback takes NdArrays only")
+    raises(TypeError, "float32, float16 or float64",
+           lambda: comm.gradient_reducer(
+               [HostDescribed(np.ones(3, np.int32))], 64),
+           "integer gradients")
     # A valid call: every rank learns why the GPU path cannot run here.
     for call in (lambda: comm.all_reduce(HostDescribed(a)),
-                 lambda: comm.bcast(HostDescribed(a), 0)):
+                 lambda: comm.bcast(HostDescribed(a), 0),
+                 lambda: comm.gradient_reducer([HostDescribed(a)], 64)):
         raises(RuntimeError, "CUDA", call, "no GPU path here")
 else:
     import cupy as cp
@@ -133,6 +141,51 @@ else:
     check(np.array_equal(cp.asnumpy(out), sum(e[1] for e in everyone)),
           "reduce_scatter")
     cp.cuda.get_current_stream().synchronize()
+
+    def backward(weights, x, grads, order):
+        """A chain of matrix products writing each gradient in turn on the
+        current stream, as a backward would; yields each index once its
+        gradient's work is enqueued."""
+        h = x
+        for k in order:
+            h = cp.tanh(h @ weights[k])
+            grads[k][...] = h[:grads[k].shape[0]] @ weights[k].T
+            yield k
+
+    # The engine on GPU gradients equals a plain all_reduce, bitwise: the
+    # same values summed over the same transport. Gradients of 1 to 2048
+    # rows (a 2048 x 256 float32 one is reduced in place), a float16 one
+    # under keep_dtype, on the legacy default stream and on a stream of
+    # CuPy's own, made ready in backward's order.
+    generator = cp.random.RandomState(RANK + 1)
+    rows = [1, 64, 200, 2048, 256, 33]
+    for stream, keep_dtype in [(cp.cuda.Stream.null, False),
+                               (cp.cuda.Stream(non_blocking=True), True)]:
+        with stream:
+            weights = [generator.standard_normal((256, 256), cp.float32) / 16
+                       for _ in rows]
+            dtypes = [cp.float16 if keep_dtype and k == 1 else cp.float32
+                      for k in range(len(rows))]
+            grads = [cp.zeros((r, 256), dt) for r, dt in zip(rows, dtypes)]
+            reducer = comm.gradient_reducer(grads, 5000, division=True,
+                                            keep_dtype=keep_dtype)
+            order = list(reversed(range(len(rows))))
+            for it in range(3):
+                x = generator.standard_normal((2048, 256), cp.float32)
+                reducer.begin()
+                for k in backward(weights, x, grads, order):
+                    reducer.ready(k)
+                reducer.finish()
+                got = [cp.asnumpy(g) for g in grads]
+                reference = [cp.zeros_like(g) for g in grads]
+                for _ in backward(weights, x, reference, order):
+                    pass
+                comm.all_reduce(reference, division=True)
+                for k, (g, r) in enumerate(zip(got, reference)):
+                    check(np.array_equal(g, cp.asnumpy(r)),
+                          f"gradient_reducer stream={stream.ptr} "
+                          f"iteration {it} [{k}]")
+            stream.synchronize()
 
 failed = world.allreduce(len(failures))
 if failed:

@@ -14,7 +14,7 @@
 #include "fake_transport.hpp"
 #include "nncomm/config.hpp"
 #include "nncomm/engine.hpp"
-#include "nncomm/host_runner.hpp"
+#include "nncomm/bucket_runner.hpp"
 #include "reference.hpp"
 
 using namespace nncomm;
@@ -80,7 +80,8 @@ Model random_model(std::mt19937_64 &rng, size_t max_buckets) {
 std::unique_ptr<Engine> engine_on(FakeWorld &world, int rank,
                                   const Model &model) {
   std::unique_ptr<FakeTransport> transport = world.transport(rank);
-  auto runner = std::make_unique<HostRunner>(*transport);
+  auto runner = std::make_unique<BucketRunner>(
+      *transport, std::make_unique<HostArrays>());
   auto engine =
       std::make_unique<Engine>(std::move(transport), std::move(runner),
                                model.specs.size(), model.plan, kPollUs);
@@ -413,11 +414,12 @@ TEST(engine_local_error_fails_every_rank) {
 
 // A runner whose write-back fails once on the rank given, after the
 // bucket's reduction completed.
-class FailingWriteBack : public HostRunner {
+class FailingWriteBack : public BucketRunner {
 public:
-  FailingWriteBack(Transport &t, bool fails) : HostRunner(t), fails_(fails) {}
+  FailingWriteBack(Transport &t, bool fails)
+      : BucketRunner(t, std::make_unique<HostArrays>()), fails_(fails) {}
   Status finish() override {
-    const Status s = HostRunner::finish();
+    const Status s = BucketRunner::finish();
     if (fails_ && calls_++ == 0)
       return Status::RuntimeError("write-back failed on this rank");
     return s;

@@ -1,4 +1,4 @@
-// The host runner, one bucket at a time on fake ranks: a direct bucket is
+// The bucket runner on host memory, one bucket at a time on fake ranks: a direct bucket is
 // reduced where it lies, a staged one packed and unpacked into the pieces
 // of its tensors and nowhere else, and zeros are sent without anything
 // being written back.
@@ -6,7 +6,7 @@
 
 #include "check.hpp"
 #include "fake_transport.hpp"
-#include "nncomm/host_runner.hpp"
+#include "nncomm/bucket_runner.hpp"
 #include "nncomm/wait.hpp"
 #include "reference.hpp"
 
@@ -30,7 +30,7 @@ void run_bucket(FakeWorld &world, const Reduction &r,
                 std::vector<Tensors> &tensors) {
   run_ranks(world.size(), [&](int rank) {
     std::unique_ptr<FakeTransport> transport = world.transport(rank);
-    HostRunner runner(*transport);
+    BucketRunner runner(*transport, std::make_unique<HostArrays>());
     CHECK_OK(runner.prepare({r.bucket}));
     std::vector<void *> ptrs;
     std::vector<DType> dtypes;

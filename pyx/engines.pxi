@@ -1,0 +1,254 @@
+# The engine (src/engine.cpp) as Python sees it: made once per bucket plan
+# for all_reduce_callback (callback.pxi), and driven by hand through
+# GradientReducer by code that knows itself when each gradient is final
+# (a CuPy or custom training loop). Host memory is reduced by the group's
+# engine on MPI; device memory by its DeviceGroup's, through the CUDA packer.
+
+
+cdef class _Engine:
+    """An engine thread with its fixed bucket plan, the gradients the plan
+    leaves for the end (those the graph does not reach), and the sizes and
+    dtypes it was planned for."""
+    cdef unique_ptr[Engine] engine
+    cdef list unreached
+    cdef tuple sizes
+    cdef tuple codes  # per gradient: its dtype code when planned
+
+
+cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
+                         tuple codes, size_t pack_size, bint keep_dtype,
+                         int wire, GpuArrays device):
+    """An engine over `data` (whose `sizes` and dtype `codes` it is planned
+    for) launching buckets in `order` (indices into `data`; the others are
+    left out of the plan, in `unreached`). Host memory with `device` None;
+    otherwise the memory of `device`'s arrays, computed on its stream.
+
+    Collective over the group: every rank must plan the same buckets, and
+    have its buffers, or this raises on every rank.
+    """
+    cdef vector[TensorSpec] specs
+    cdef TensorSpec spec
+    for i, (size, code) in enumerate(zip(sizes, codes)):
+        dt = dtype_of(data[i]) if device is None else device.dtypes[i]
+        if code < 0 or dt.kind != "f":
+            raise TypeError(f"data[{i}] is {dt}; gradients must be "
+                            f"float32, float16 or float64")
+        spec.count = size
+        spec.dtype = <DType><int>code
+        specs.push_back(spec)
+    cdef vector[size_t] launch_order = order
+    cdef vector[Bucket] plan = plan_buckets(
+        specs, launch_order, pack_size, keep_dtype, <DType><int>wire,
+        direct_bytes())
+    # Every rank must run the same plan, or their calls would not match:
+    # one small all-reduce, once per new plan.
+    cdef cpp_bool same = False
+    cdef Status status
+    cdef uint64_t value = plan_fingerprint(plan)
+    with nogil:
+        status = deref(group.core).agree(value, &same)
+    CHKSTATUS(status)
+    if not same:
+        raise ValueError(
+            "the ranks of this group disagree on the gradients to reduce "
+            "(their number, sizes or dtypes, or which of them backward "
+            "reaches)")
+    cdef _Engine engine = _Engine.__new__(_Engine)
+    planned = set(order)
+    engine.unreached = [i for i in range(len(data)) if i not in planned]
+    engine.sizes = sizes
+    engine.codes = codes
+    # The engine communicates on a transport of its own: two engines on one
+    # group (say, callbacks chained for two halves of the model) must not
+    # interleave their collectives on a shared one.
+    cdef size_t count = len(data)
+    cdef int poll_us = engine_poll_us()
+    cdef DeviceGroup* devices = NULL
+    cdef CudaStream stream = NULL
+    if device is not None:
+        devices = group.devices(device.first())
+        stream = device.stream
+    with nogil:
+        if devices == NULL:
+            status = deref(group.core).create_engine(count, plan, poll_us,
+                                                     &engine.engine)
+        else:
+            status = devices.create_engine(stream, count, plan, poll_us,
+                                           &engine.engine)
+    CHKSTATUS(status)
+    # Every rank must know whether every rank has its buffer, or one
+    # that failed alone would leave the others waiting for its buckets.
+    cdef Status prepared = engine.engine.get().prepare()
+    cdef cpp_bool all_prepared = False
+    with nogil:
+        status = deref(group.core).agree(prepared.ok(), &all_prepared)
+    CHKSTATUS(status)
+    CHKSTATUS(prepared)
+    if not (all_prepared and prepared.ok()):
+        raise MemoryError("another rank of the group could not allocate "
+                          "the engine's staging buffer")
+    return engine
+
+
+cdef class GradientReducer:
+    """Gradients all-reduced in buckets by nncomm's engine thread as each
+    becomes final, as :meth:`Communicator.all_reduce_callback` does during
+    nnabla's backward, for code that says itself when a gradient is final:
+    a training loop on CuPy arrays, or another framework's backward.
+
+    Made by :meth:`Communicator.gradient_reducer`. Each iteration calls
+    :meth:`begin`, then :meth:`ready` once per gradient as it becomes final
+    (in any order; buckets still go out in the order every rank planned),
+    then :meth:`finish`. On GPU arrays nothing waits for the device: a
+    gradient is final once the work writing it is enqueued on the arrays'
+    stream, and work enqueued there after :meth:`finish` sees the reduced
+    gradients.
+
+    Example:
+
+    .. code-block:: python
+
+        reducer = comm.gradient_reducer(grads, 2 << 20, division=True)
+        for batch in data:
+            reducer.begin()
+            for i in backward_order:      # as each gradient is computed
+                compute_gradient(i)
+                reducer.ready(i)
+            reducer.finish()              # grads hold the mean over ranks
+    """
+    cdef _Group group
+    cdef _Engine _engine
+    cdef list data
+    cdef object ctx
+    cdef GpuArrays gpu  # the gradients' device memory; None on the host
+    # GPU arrays keep their memory; an NdArray's is read at each ready().
+    cdef bint fixed
+    cdef float scale
+    cdef int divisor
+    cdef bytearray marked  # per gradient: ready() called this iteration
+    cdef bint active
+
+    def begin(self):
+        """Starts an iteration: every gradient is pending again.
+
+        Raises:
+            RuntimeError: the previous iteration was not finished.
+        """
+        if self.active:
+            raise RuntimeError("this reducer's iteration is still under "
+                               "way; finish() it before beginning another")
+        CHKSTATUS(self._engine.engine.get().begin(self.scale, self.divisor))
+        self.marked = bytearray(len(self.data))
+        self.active = True
+
+    def ready(self, Py_ssize_t index):
+        """Gradient `index` is final: its bucket goes out once every
+        gradient in it is.
+
+        Args:
+            index (int): Position of the gradient in the reducer's list.
+
+        Raises:
+            IndexError: no such gradient.
+            RuntimeError: outside an iteration, or twice in one. The
+                iteration then fails on every rank, at :meth:`finish`.
+        """
+        if not self.active:
+            raise RuntimeError("ready() outside an iteration; call begin() "
+                               "first")
+        if not 0 <= index < len(self.data):
+            raise IndexError(f"gradient {index} out of range: the reducer "
+                             f"has {len(self.data)}")
+        if self.marked[index]:
+            self._fail(f"gradient {index} was made ready twice in one "
+                       f"iteration")
+        self.marked[index] = 1
+        cdef void* ptr
+        cdef int code
+        if self.fixed:
+            ptr = self.gpu.refs[index].ptr
+            code = <int>self.gpu.refs[index].dtype
+        else:
+            x = self.data[index]
+            dt = dtype_of(x)
+            code = _FLOAT_CODES.get(dt, -1)
+            if code < 0:
+                self._fail(f"data[{index}] became {dt}; gradients must be "
+                           f"float32, float16 or float64")
+            if x.size != self._engine.sizes[index]:
+                self._fail(f"data[{index}] has {x.size} elements, "
+                           f"{self._engine.sizes[index]} when the reducer "
+                           f"was made")
+            ptr = <void*><uintptr_t>x.data_ptr(dt, self.ctx)
+        self._engine.engine.get().mark_ready(index, ptr, <DType>code)
+
+    def fail(self, message):
+        """Ends the iteration as failed on this rank: the remaining buckets
+        go out as zeros, so no rank waits for this one, and :meth:`finish`
+        raises `message` here and a RuntimeError on the other ranks.
+
+        Args:
+            message (str): Why.
+        """
+        if self.active:
+            self._engine.engine.get().fail(str(message).encode())
+
+    def finish(self):
+        """Waits until every bucket is reduced and written back; gradients
+        never made ready are reduced with what they hold.
+
+        Raises:
+            RuntimeError: this rank or another failed during the iteration;
+                the gradients were not all reduced.
+        """
+        if not self.active:
+            raise RuntimeError("finish() outside an iteration; call begin() "
+                               "first")
+        try:
+            for i in range(len(self.data)):
+                if not self.marked[i]:
+                    self.ready(i)
+        except RuntimeError:
+            pass  # the iteration failed here, which finish() reports
+        self.active = False
+        cdef Engine* engine = self._engine.engine.get()
+        cdef Status status
+        with nogil:
+            status = engine.finish()
+        CHKSTATUS(status)
+
+    cdef int _fail(self, str message) except -1:
+        self._engine.engine.get().fail(message.encode())
+        raise RuntimeError(message)
+
+
+cdef GradientReducer make_reducer(_Group group, list grads, ctx, order,
+                                  size_t pack_size, bint division,
+                                  float scale, bint keep_dtype, int wire):
+    """The reducer of Communicator.gradient_reducer, its arguments
+    checked."""
+    cdef GradientReducer self = GradientReducer.__new__(GradientReducer)
+    self.group = group
+    self.data = grads
+    self.ctx = ctx
+    self.gpu = device_arrays(grads, ctx, "data", None)
+    self.fixed = len(grads) > 0 and is_gpu_array(grads[0])
+    if self.gpu is not None:
+        sizes = tuple(<Py_ssize_t>self.gpu.refs[i].count
+                      for i in range(len(grads)))
+        codes = tuple(<int>self.gpu.refs[i].dtype for i in range(len(grads)))
+    else:
+        sizes = tuple(x.size for x in grads)
+        codes = tuple(_DTYPE_CODES.get(dtype_of(x), -1) for x in grads)
+    n = len(grads)
+    order = list(reversed(range(n))) if order is None else \
+        [operator.index(i) for i in order]
+    if sorted(order) != list(range(n)):
+        raise ValueError(f"order must list each of the {n} gradients' "
+                         f"indices once, got {order}")
+    self._engine = make_engine(group, grads, order, sizes, codes, pack_size,
+                               keep_dtype, wire, self.gpu)
+    self.scale = scale
+    self.divisor = len(group.ranks) if division else 1
+    self.active = False
+    return self

@@ -1,0 +1,122 @@
+"""Communicator.gradient_reducer: the callback's engine driven by hand.
+
+- Gradients of mixed sizes and dtypes, made ready in another random order
+  on every rank (some never: finish() reduces them), over several
+  iterations with new values: each holds what all_reduce of the same
+  values gives, bitwise (the same dtype reduced over the same MPI), under
+  several pack sizes, keep_dtype, scale_grad and division, on the world
+  and on a sub-group.
+- Misuse raises a clear exception: ready() twice fails the iteration on
+  every rank; ready() out of range or outside an iteration, begin() twice,
+  a bad order; one rank's fail() makes finish() raise on every rank;
+  ranks with different gradients are refused on every rank.
+"""
+import numpy as np
+
+from _harness import Checker, contribution, make_comm, nd, set_grad
+
+F16, F32 = np.float16, np.float32
+SHAPES = [((3, 5), F32), ((700,), F32), ((40,), F16), ((300000,), F32),
+          ((1,), F32), ((2, 50), F16)]
+
+
+def values(rank, it, i):
+    shape, dt = SHAPES[i]
+    return contribution(f"reducer{it}-{i}", rank, shape, dt)
+
+
+def run(ck, comm, group, ranks, pack_size, keep_dtype, scale, division):
+    what = (f"group={group} pack={pack_size} keep={keep_dtype} "
+            f"scale={scale} division={division}")
+    rank = comm.rank
+    grads = [nd(np.zeros(shape, dt)) for shape, dt in SHAPES]
+    reference = [nd(np.zeros(shape, dt)) for shape, dt in SHAPES]
+    reducer = comm.gradient_reducer(grads, pack_size, division=division,
+                                    group=group, scale_grad=scale,
+                                    keep_dtype=keep_dtype)
+    rng = np.random.default_rng(rank * 31 + pack_size)
+    for it in range(3):
+        for i in range(len(SHAPES)):
+            set_grad(grads[i], values(rank, it, i))
+        reducer.begin()
+        # Each rank its own order; the last gradient is left to finish().
+        for i in rng.permutation(len(SHAPES) - 1):
+            reducer.ready(int(i))
+        reducer.finish()
+        # The reference: the same values, scaled on the host in the wire
+        # dtype, through all_reduce.
+        for i, (shape, dt) in enumerate(SHAPES):
+            wire = dt if keep_dtype else F32
+            set_grad(reference[i],
+                     (values(rank, it, i).astype(wire) * wire(scale)))
+        comm.all_reduce(reference, division=division, group=group)
+        for i, (shape, dt) in enumerate(SHAPES):
+            expected = np.array(reference[i].data).astype(dt)
+            ck.array(grads[i], expected, f"{what} iteration {it} [{i}]", dt)
+
+
+def misuse(ck, comm):
+    grads = [nd(np.ones(5, F32)), nd(np.ones(9, F32))]
+    reducer = comm.gradient_reducer(grads, 4)
+    ck.raises(RuntimeError, "begin() first", "ready() outside an iteration",
+              reducer.ready, 0)
+    ck.raises(RuntimeError, "begin() first", "finish() outside",
+              reducer.finish)
+    reducer.begin()
+    ck.raises(RuntimeError, "still under way", "begin() twice",
+              reducer.begin)
+    ck.raises(IndexError, "out of range", "ready(2)", reducer.ready, 2)
+    reducer.ready(1)
+    if comm.rank == 0:
+        ck.raises(RuntimeError, "twice", "ready() twice", reducer.ready, 1)
+    ck.raises(RuntimeError, "made ready twice" if comm.rank == 0 else
+              "another rank", "finish() after ready() twice",
+              reducer.finish)
+    # The reducer goes on after a failed iteration.
+    for x in grads:
+        set_grad(x, np.full(x.size, comm.rank + 1, F32))
+    reducer.begin()
+    reducer.finish()
+    total = sum(range(1, comm.size + 1))
+    for i, x in enumerate(grads):
+        ck.array(x, np.full(x.size, total, F32), f"after a failure [{i}]")
+
+    reducer.begin()
+    if comm.rank == comm.size - 1:
+        reducer.fail("the loss was NaN here")
+    ck.raises(RuntimeError, "the loss was NaN" if comm.rank == comm.size - 1
+              else "another rank", "fail() on the last rank",
+              reducer.finish)
+
+    ck.raises(ValueError, "order must list", "a bad order",
+              comm.gradient_reducer, grads, 4, order=[0, 0])
+    ck.raises(TypeError, "float32, float16 or float64", "integer gradients",
+              comm.gradient_reducer, [nd(np.ones(3, np.int32))], 4)
+    ck.raises(ValueError, "positive", "pack_size 0",
+              comm.gradient_reducer, grads, 0)
+    mine = [nd(np.ones(5 + comm.rank, F32))]
+    if comm.size > 1:
+        ck.raises(ValueError, "disagree", "ranks with different gradients",
+                  comm.gradient_reducer, mine, 4)
+
+
+def main():
+    ck = Checker("reducer")
+    comm, _ = make_comm()
+    groups = {"world": list(range(comm.size))}
+    if comm.size >= 2:
+        ranks = list(range(comm.size))[::-1][:2]
+        comm.new_group(("pair", ranks))
+        groups["pair"] = ranks
+    for pack_size, keep_dtype, scale, division in [
+            (64, False, 1.0, True), (100000, True, 0.5, False),
+            (7, True, 2.0, True)]:
+        for group, ranks in groups.items():
+            if comm.rank in ranks:
+                run(ck, comm, group, ranks, pack_size, keep_dtype, scale,
+                    division)
+    misuse(ck, comm)
+    ck.finish()
+
+
+main()
