@@ -28,10 +28,10 @@ cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
     """
     cdef vector[TensorSpec] specs
     cdef TensorSpec spec
+    floating = set(_FLOAT_CODES.values())
     for i, (size, code) in enumerate(zip(sizes, codes)):
-        dt = dtype_of(data[i]) if device is None else device.dtypes[i]
-        if code < 0 or dt.kind != "f":
-            raise TypeError(f"data[{i}] is {dt}; gradients must be "
+        if code not in floating:
+            raise TypeError(f"data[{i}] is not floating; gradients must be "
                             f"float32, float16 or float64")
         spec.count = size
         spec.dtype = <DType><int>code

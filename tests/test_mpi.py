@@ -196,3 +196,8 @@ def test_gpu_arrays_are_refused_clearly_without_a_gpu(n):
 @pytest.mark.parametrize("n", RANK_COUNTS)
 def test_gradient_reducer(n):
     run_worker("reducer", n, timeout=120)
+
+
+@pytest.mark.parametrize("n", (1, 2))
+def test_cuda_context_arrays_take_the_gpu_path(n):
+    run_worker("cuda_context", n)
