@@ -1,5 +1,7 @@
-"""Every collective on CuPy arrays, against numpy: NCCL on 1 rank, and the
-host-staged MPI transport on 2 ranks sharing the GPU (NCCL refuses them).
+"""Every collective on CuPy arrays, against numpy, and gradient_reducer with
+a CuPy "backward" against a plain all_reduce, bitwise: NCCL on 1 rank, and
+the host-staged MPI transport on 2 ranks sharing the GPU (NCCL refuses
+them).
 Needs a CUDA GPU, CuPy and a build with nvcc; skipped otherwise (the same
 paths run on emulated devices in test_gpu_path_emulated.py)."""
 import pytest
