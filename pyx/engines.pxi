@@ -99,7 +99,8 @@ cdef class GradientReducer:
     Made by :meth:`Communicator.gradient_reducer`. Each iteration calls
     :meth:`begin`, then :meth:`ready` once per gradient as it becomes final
     (in any order; buckets still go out in the order every rank planned),
-    then :meth:`finish`. On GPU arrays nothing waits for the device: a
+    then :meth:`finish` (or ``with reducer:`` around the iteration). On
+    GPU arrays nothing waits for the device: a
     gradient is final once the work writing it is enqueued on the arrays'
     stream, and work enqueued there after :meth:`finish` sees the reduced
     gradients.
@@ -216,6 +217,24 @@ cdef class GradientReducer:
         with nogil:
             status = engine.finish()
         CHKSTATUS(status)
+
+    def __enter__(self):
+        """``with reducer:`` is one iteration: begin() on entry, finish() on
+        exit; an exception inside fails the iteration (so no other rank
+        waits for this one) and propagates."""
+        self.begin()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.finish()
+            return False
+        self.fail(f"the iteration raised {exc_type.__name__}: {exc}")
+        try:
+            self.finish()
+        except RuntimeError:
+            pass  # that failure is `exc`'s
+        return False
 
     cdef int _fail(self, str message) except -1:
         self._engine.engine.get().fail(message.encode())

@@ -7,7 +7,7 @@
   several pack sizes, keep_dtype, scale_grad and division, on the world
   and on a sub-group.
 - Misuse raises a clear exception: ready() twice fails the iteration on
-  every rank; ready() out of range or outside an iteration, begin() twice,
+  every rank, as an exception inside ``with reducer:`` does; ready() out of range or outside an iteration, begin() twice,
   a bad order; one rank's fail() makes finish() raise on every rank;
   ranks with different gradients are refused on every rank.
 """
@@ -87,6 +87,27 @@ def misuse(ck, comm):
     ck.raises(RuntimeError, "the loss was NaN" if comm.rank == comm.size - 1
               else "another rank", "fail() on the last rank",
               reducer.finish)
+
+    # An exception inside `with reducer:` fails the iteration on every
+    # rank and propagates on its own; the next iteration goes on.
+    def raising_iteration():
+        with reducer:
+            reducer.ready(0)
+            if comm.rank == 0:
+                raise KeyError("in the training step")
+    if comm.rank == 0:
+        ck.raises(KeyError, "training step", "with: raised here",
+                  raising_iteration)
+    else:
+        ck.raises(RuntimeError, "another rank", "with: raised elsewhere",
+                  raising_iteration)
+    for x in grads:
+        set_grad(x, np.full(x.size, 2.0, F32))
+    with reducer:
+        reducer.ready(1)
+    for i, x in enumerate(grads):
+        ck.array(x, np.full(x.size, 2.0 * comm.size, F32),
+                 f"with: after a raising iteration [{i}]")
 
     ck.raises(ValueError, "order must list", "a bad order",
               comm.gradient_reducer, grads, 4, order=[0, 0])
