@@ -1,8 +1,11 @@
-"""Data-parallel training of a small MLP on CPU with nncomm.
+"""Data-parallel training of a small MLP with nncomm.
 
 Run with any number of ranks:
 
     .venv/bin/mpiexec -n 2 .venv/bin/python examples/train_mlp.py
+
+On GPUs, where nnabla-ext-cuda is installed, ``--context cudnn`` trains on
+the device of each rank's local rank, as nnabla's examples do.
 
 It is an ordinary nnabla data-parallel script: the only nncomm-specific line
 is ``import nncomm.communicators as C`` (nnabla's would be
@@ -50,12 +53,16 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--overlap", action="store_true",
                         help="reduce during backward (all_reduce_callback)")
+    parser.add_argument("--context", default="cpu",
+                        help="nnabla extension: cpu, cuda or cudnn")
     args = parser.parse_args()
 
-    ctx = get_extension_context("cpu")
-    nn.set_default_context(ctx)
+    ctx = get_extension_context(args.context)
     comm = C.MultiProcessDataParallelCommunicator(ctx)
     comm.init()
+    if args.context != "cpu":
+        ctx.device_id = str(comm.local_rank)
+    nn.set_default_context(ctx)
 
     # Every rank sees the same dataset and keeps the shard of its rank.
     x_all, y_all = spirals(4096, seed=0)
