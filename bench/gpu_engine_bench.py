@@ -91,6 +91,18 @@ def median(xs):
     return statistics.median(xs)
 
 
+def take_turns(methods, args):
+    """Each method's median time, the methods taking turns iteration by
+    iteration."""
+    times = {name: [] for name in methods}
+    for i in range(args.warmup + args.iters):
+        for name, run in methods.items():
+            t = timed(run)
+            if i >= args.warmup:
+                times[name].append(t)
+    return {name: median(ts) for name, ts in times.items()}
+
+
 def overlap(comm, args):
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
@@ -121,15 +133,8 @@ def overlap(comm, args):
         backward.run()
         all_reduce()
 
-    methods = {"compute": backward.run, "comm": all_reduce,
-               "serial": serial, "engine": engine}
-    times = {name: [] for name in methods}
-    for i in range(args.warmup + args.iters):
-        for name, run in methods.items():
-            t = timed(run)
-            if i >= args.warmup:
-                times[name].append(t)
-    return gemms, {name: median(ts) for name, ts in times.items()}
+    return gemms, take_turns({"compute": backward.run, "comm": all_reduce,
+                              "serial": serial, "engine": engine}, args)
 
 
 def staged(comm, args):
@@ -146,14 +151,8 @@ def staged(comm, args):
         world.Allreduce(MPI.IN_PLACE, host)
         x.set(host)
 
-    methods = {"by hand": by_hand, "nncomm": nncomm_all_reduce}
-    times = {name: [] for name in methods}
-    for i in range(args.warmup + args.iters):
-        for name, run in methods.items():
-            t = timed(run)
-            if i >= args.warmup:
-                times[name].append(t)
-    return {name: median(ts) for name, ts in times.items()}
+    return take_turns({"by hand": by_hand, "nncomm": nncomm_all_reduce},
+                      args)
 
 
 def main():
