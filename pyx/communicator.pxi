@@ -100,6 +100,18 @@ cdef class Communicator:
         """Rank of this process among the processes on its host."""
         return deref(self._world().core).local_rank()
 
+    @property
+    def transport(self):
+        """str: How the world group communicates device memory: ``'nccl'``
+        or ``'mpi'`` (through pinned host memory), as
+        ``NNCOMM_GPU_TRANSPORT`` and the ranks' GPUs decided at its first
+        collective on GPU arrays; ``'mpi'`` before that, as for host
+        memory."""
+        cdef _Group world = self._world()
+        if world.device:
+            return world.device.get().transport_name().decode()
+        return "mpi"
+
     def barrier(self):
         """Blocks until every process of the world group has called it."""
         cdef _Group world = self._world()

@@ -12,6 +12,7 @@ against numpy, on the transport NNCOMM_GPU_TRANSPORT chooses.
 
 Prints "gpu_arrays: N checks passed on R ranks" from rank 0.
 """
+import os
 import sys
 import types
 
@@ -108,6 +109,7 @@ else:
             [(5, np.float32), (300, np.float32), (7, np.float16),
              (300000, np.float32), (40, np.int32)]]
     everyone = world.allgather(mine)
+    check(comm.transport == "mpi", "transport before any GPU call")
     for inplace in (False, True):
         arrays = [cp.asarray(x) for x in mine]
         comm.all_reduce(arrays, inplace=inplace)
@@ -115,6 +117,9 @@ else:
             expected = sum(e[k] for e in everyone)
             check(np.array_equal(cp.asnumpy(x), expected),
                   f"all_reduce inplace={inplace} [{k}]")
+    expected = os.environ.get("NNCOMM_GPU_TRANSPORT", "auto")
+    check(expected == "auto" or comm.transport == expected,
+          f"transport {comm.transport}, NNCOMM_GPU_TRANSPORT={expected}")
     floats = [k for k, x in enumerate(mine) if x.dtype.kind == "f"]
     for root in range(SIZE):
         arrays = [cp.asarray(mine[k]) for k in floats]

@@ -124,6 +124,7 @@ def misuse(ck, comm):
 def main():
     ck = Checker("reducer")
     comm, _ = make_comm()
+    ck.equal(comm.transport, "mpi", "transport of host memory")
     groups = {"world": list(range(comm.size))}
     if comm.size >= 2:
         ranks = list(range(comm.size))[::-1][:2]
