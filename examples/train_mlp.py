@@ -113,16 +113,21 @@ def main():
     counts = nn.NdArray.from_numpy_array(
         np.array([correct, len(x_train)], np.int64))
     comm.all_reduce(counts)
-    # Identical parameters everywhere: gather a checksum from every rank.
+    same = parameters_match(comm, params)
+    if comm.rank == 0:
+        c, n = counts.data
+        print(f"accuracy {c / n:.3f} on {n} points; parameter checksums "
+              f"{'match' if same else 'DIFFER'} across {comm.size} ranks")
+
+
+def parameters_match(comm, params):
+    """Whether every rank holds the same parameters, by a checksum gathered
+    from every rank."""
     checksum = nn.NdArray.from_numpy_array(np.array(
         [sum(float(p.d.sum()) for p in params.values())], np.float64))
     sums = nn.NdArray((comm.size,))
     comm.all_gather(checksum, sums)
-    if comm.rank == 0:
-        c, n = counts.data
-        print(f"accuracy {c / n:.3f} on {n} points; parameter checksums "
-              f"{'match' if np.ptp(sums.data) == 0 else 'DIFFER'} "
-              f"across {comm.size} ranks")
+    return np.ptp(sums.data) == 0
 
 
 if __name__ == "__main__":

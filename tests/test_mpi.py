@@ -201,3 +201,8 @@ def test_gradient_reducer(n):
 @pytest.mark.parametrize("n", (1, 2))
 def test_cuda_context_arrays_take_the_gpu_path(n):
     run_worker("cuda_context", n)
+
+
+@pytest.mark.parametrize("n", RANK_COUNTS)
+def test_distributed_solver_steps_as_one_process(n):
+    run_worker("distributed_solver", n, timeout=120)

@@ -1,0 +1,143 @@
+"""DistributedSolver: N ranks at batch B/N step as one process at batch B.
+
+Each case trains a 6-9-8-2 tanh MLP for 5 steps on every rank of a group,
+each rank on its slice of a global batch of 24 drawn the same everywhere,
+and beside it, on every rank, a reference: the same model and solver in
+one process on the whole batch (its loss scaled so that its gradient is
+what the ranks' reduction should give). The ranks start from different
+initial weights: set_parameters must make them rank 0's, which the
+reference then starts from. Parameters must match the reference to float32
+rounding after every step.
+
+Cases: op average and sum, Momentum and Adam, backward_passes_per_step 2
+(two passes on halves of the slice), a sub-group, a user hook chained;
+misuse raising before any communication: update() without the reducing
+backward, too many passes, a bad op, backward before set_parameters.
+"""
+import numpy as np
+
+import nnabla as nn
+import nnabla.functions as F
+import nnabla.parametric_functions as PF
+import nnabla.solvers as S
+
+import nncomm
+
+from _harness import Checker, make_comm
+
+BATCH = 24
+STEPS = 5
+
+
+def mlp(scope, batch, seed, total):
+    """The model in parameter scope `scope`: its input, target, loss and
+    parameters. `total`: the loss sums over the batch instead of averaging;
+    weights drawn from `seed`."""
+    np.random.seed(seed)
+    with nn.parameter_scope(scope):
+        x, t = nn.Variable((batch, 6)), nn.Variable((batch, 2))
+        h = F.tanh(PF.affine(x, 9, name="a"))
+        h = F.tanh(PF.affine(h, 8, name="b"))
+        err = F.squared_error(PF.affine(h, 2, name="c"), t)
+        loss = F.sum(err) if total else F.mean(err)
+        params = nn.get_parameters()
+    return x, t, loss, params
+
+
+def batch(step):
+    rng = np.random.default_rng(100 + step)
+    return (rng.standard_normal((BATCH, 6)).astype(np.float32),
+            rng.standard_normal((BATCH, 2)).astype(np.float32))
+
+
+def run(ck, comm, what, make_solver, op="average", passes=1,
+        group="world"):
+    ranks = comm.find_group(group)
+    if comm.rank not in ranks:
+        return
+    size, me = len(ranks), ranks.index(comm.rank)
+    nn.clear_parameters()
+    shard = BATCH // size // passes
+    total = op == "sum"
+    x, t, loss, params = mlp("dist", shard, comm.rank, total)
+    solver = nncomm.DistributedSolver(make_solver(), comm, op=op,
+                                      backward_passes_per_step=passes,
+                                      group=group)
+    solver.set_parameters(params)
+    rx, rt, rloss, rparams = mlp("ref", BATCH, 0, total)
+    for name, v in params.items():
+        rparams[name].d = v.d
+    reference = make_solver()
+    reference.set_parameters(rparams)
+    # Averaging over the ranks of sums over `passes` slices gives `passes`
+    # times the batch mean.
+    scale = passes if op == "average" else 1
+    rscaled = rloss * scale
+    calls = []
+    for step in range(STEPS):
+        xs, ts = batch(step)
+        solver.zero_grad()
+        for p in range(passes):
+            rows = slice((me * passes + p) * shard,
+                         (me * passes + p + 1) * shard)
+            x.d, t.d = xs[rows], ts[rows]
+            loss.forward()
+            solver.backward(loss, clear_buffer=True,
+                            function_post_hook=calls.append)
+        solver.update()
+        rx.d, rt.d = xs, ts
+        rscaled.forward()
+        reference.zero_grad()
+        rscaled.backward(clear_buffer=True)
+        reference.update()
+        for name, v in params.items():
+            ck.true(np.allclose(v.d, rparams[name].d, rtol=2e-5, atol=1e-6),
+                    f"{what}: step {step} {name}",
+                    f"max difference "
+                    f"{np.max(np.abs(v.d - rparams[name].d)):.3g}")
+    ck.true(len(calls) > 0, f"{what}: the user's hook ran")
+
+
+def misuse(ck, comm):
+    nn.clear_parameters()
+    x, t, loss, params = mlp("misuse", 4, 1, False)
+    x.d, t.d = np.ones(x.shape), np.zeros(t.shape)
+    ck.raises(ValueError, "op must be", "op max",
+              nncomm.DistributedSolver, S.Sgd(0.1), comm, op="max")
+    ck.raises(ValueError, "positive", "no passes",
+              nncomm.DistributedSolver, S.Sgd(0.1), comm,
+              backward_passes_per_step=0)
+    solver = nncomm.DistributedSolver(S.Sgd(0.1), comm,
+                                      backward_passes_per_step=2)
+    loss.forward()
+    ck.raises(RuntimeError, "set_parameters", "backward first",
+              solver.backward, loss)
+    solver.set_parameters(params)
+    ck.raises(RuntimeError, "not all-reduced", "update first", solver.update)
+    solver.backward(loss)
+    ck.raises(RuntimeError, "1 of 2", "update after one pass of two",
+              solver.update)
+    solver.backward(loss)
+    ck.raises(RuntimeError, "call update()", "a third pass",
+              solver.backward, loss)
+    solver.update()
+    solver.set_learning_rate(0.5)
+    ck.equal(solver.learning_rate(), 0.5, "methods pass through")
+
+
+def main():
+    ck = Checker("distributed_solver")
+    comm, _ = make_comm()
+    run(ck, comm, "average Momentum", lambda: S.Momentum(0.1, 0.9))
+    run(ck, comm, "sum Momentum", lambda: S.Momentum(0.01, 0.9), op="sum")
+    run(ck, comm, "average Adam, 2 passes", lambda: S.Adam(0.01), passes=2)
+    if comm.size >= 2:
+        pair = [comm.size - 1, 0]
+        comm.new_group(("pair", pair))
+        run(ck, comm, "average Sgd on a pair", lambda: S.Sgd(0.1),
+            group="pair")
+    misuse(ck, comm)
+    ck.finish()
+
+
+main()
