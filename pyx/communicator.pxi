@@ -465,7 +465,7 @@ cdef class Communicator:
 
     def all_reduce_callback(self, data, pack_size, bint division=False,
                             group="world", scale_grad=1,
-                            bint keep_dtype=False):
+                            bint keep_dtype=False, *, wire_dtype=None):
         """A backward hook that all-reduces gradients while backward runs.
 
         Pass it as ``loss.backward(function_post_hook=cb)``. Each gradient is
@@ -494,6 +494,10 @@ cdef class Communicator:
             keep_dtype (bool): Reduce each gradient in its own dtype. When
                 false, buckets travel in the context's dtype (float32 for
                 ``cpu:float``) and float16 gradients are converted.
+            wire_dtype (str): nncomm's own: the dtype buckets travel in
+                without `keep_dtype` (``'float32'``, ``'float16'``,
+                ``'bfloat16'``, ``'float64'``) instead of the context's;
+                each gradient gets the result in its own dtype.
 
         Returns:
             callable: The hook.
@@ -516,7 +520,7 @@ cdef class Communicator:
                 "gradient_reducer()")
         size = _gradient_checks(grads, pack_size, "all_reduce_callback")
         hook_solvers()
-        wire = wire_dtype_of(self._ctx)
+        wire = _wire_code(self._ctx, wire_dtype)
         key = (group, size, keep_dtype, wire, tuple(grads))
         cdef _CallbackState state = self._callback_states.get(key)
         if state is None:
@@ -532,12 +536,12 @@ cdef class Communicator:
         cb.keep_dtype = keep_dtype
         cb.scale = float(scale_grad)
         cb.pack_size = size
-        cb.wire = _DTYPE_CODES[wire]
+        cb.wire = wire
         return cb
 
     def gradient_reducer(self, data, pack_size, bint division=False,
                          group="world", scale_grad=1, bint keep_dtype=False,
-                         order=None):
+                         order=None, wire_dtype=None):
         """The engine of :meth:`all_reduce_callback`, driven by hand: for
         training loops that are not nnabla's backward (CuPy arrays, another
         framework) but know when each gradient is final.
@@ -560,6 +564,7 @@ cdef class Communicator:
             order (list of int): The order the gradients usually become
                 final in (buckets are planned in it); by default the
                 reverse of `data`'s, as backward computes them.
+            wire_dtype (str): As in :meth:`all_reduce_callback`.
 
         Returns:
             :obj:`GradientReducer`: ``begin()``, ``ready(i)`` per gradient,
@@ -579,9 +584,9 @@ cdef class Communicator:
         cdef _Group g = self._member(group)
         cdef list grads = as_ndarray_list(data, "data")
         size = _gradient_checks(grads, pack_size, "gradient_reducer")
-        wire = wire_dtype_of(self._ctx)
         return make_reducer(g, grads, self._ctx, order, size, division,
-                            float(scale_grad), keep_dtype, _DTYPE_CODES[wire])
+                            float(scale_grad), keep_dtype,
+                            _wire_code(self._ctx, wire_dtype))
 
 
 cdef Py_ssize_t _gradient_checks(list grads, pack_size, str what) except -1:
@@ -608,6 +613,19 @@ cdef Py_ssize_t _gradient_checks(list grads, pack_size, str what) except -1:
             f"with MPI_THREAD_MULTIPLE (mpi4py's default; check "
             f"mpi4py.rc.thread_level)")
     return size
+
+
+cdef int _wire_code(ctx, wire_dtype) except -1:
+    """The code of the dtype an engine's buckets travel in: `wire_dtype`
+    (a floating dtype's name, or a numpy dtype), or else the context's."""
+    if wire_dtype is None:
+        return _DTYPE_CODES[wire_dtype_of(ctx)]
+    name = wire_dtype if isinstance(wire_dtype, str) else \
+        np.dtype(wire_dtype).name
+    if name not in ("float32", "float16", "bfloat16", "float64"):
+        raise ValueError(f"wire_dtype must be 'float32', 'float16', "
+                         f"'bfloat16' or 'float64', not {wire_dtype!r}")
+    return DTYPE_CODES[name]
 
 
 cdef int all_reduce_list(_Group g, list arrays, ctx, bint division,

@@ -16,6 +16,7 @@ _LAZY = {
     "Communicator": "nncomm._nncomm",
     "GradientReducer": "nncomm._nncomm",
     "CommunicatorError": "nncomm.errors",
+    "Compression": "nncomm.compression",
     "DistributedSolver": "nncomm.distributed_solver",
     "chain_hooks": "nncomm.hooks",
     "communicators": "nncomm.communicators",

@@ -1,6 +1,7 @@
 """DistributedSolver: an nnabla solver whose gradients are all-reduced over
 a group of ranks during backward, as Horovod's ``DistributedOptimizer``
 wraps a framework's optimizer."""
+from nncomm.compression import Compression, _WireDtype
 from nncomm.hooks import chain_hooks
 
 _OPS = ("average", "sum")
@@ -22,6 +23,8 @@ class DistributedSolver:
         solver (:obj:`nnabla.solver.Solver`): The solver to wrap, with no
             parameters yet (give them through :meth:`set_parameters`).
         comm (:obj:`nncomm.Communicator`): An initialized communicator.
+        compression: How gradients travel: :class:`nncomm.Compression`'s
+            ``none`` (the context's dtype), ``fp16`` or ``bf16``.
         op (str): ``"average"`` (default) divides the sum of the ranks'
             gradients by the group's size; ``"sum"`` keeps the sum.
         backward_passes_per_step (int): Backward passes between updates:
@@ -47,8 +50,12 @@ class DistributedSolver:
             solver.update()
     """
 
-    def __init__(self, solver, comm, op="average", backward_passes_per_step=1,
-                 pack_size=2 << 20, group="world"):
+    def __init__(self, solver, comm, compression=Compression.none,
+                 op="average", backward_passes_per_step=1, pack_size=2 << 20,
+                 group="world"):
+        if not isinstance(compression, _WireDtype):
+            raise TypeError(f"compression must be one of nncomm.Compression's "
+                            f"(none, fp16, bf16), not {compression!r}")
         if op not in _OPS:
             raise ValueError(f"op must be one of {_OPS}, not {op!r}")
         if not isinstance(backward_passes_per_step, int) or \
@@ -61,6 +68,7 @@ class DistributedSolver:
                              f"{group!r} (ranks {ranks})")
         self._solver = solver
         self._comm = comm
+        self._wire_dtype = compression.wire_dtype
         self._op = op
         self._passes_per_step = backward_passes_per_step
         self._pack_size = pack_size
@@ -127,7 +135,8 @@ class DistributedSolver:
         if self._passes == self._passes_per_step:
             cb = self._comm.all_reduce_callback(
                 self._grads, self._pack_size,
-                division=self._op == "average", group=self._group)
+                division=self._op == "average", group=self._group,
+                wire_dtype=self._wire_dtype)
             hook = chain_hooks(function_post_hook, cb)
         loss.backward(clear_buffer=clear_buffer, function_post_hook=hook,
                       **kwargs)

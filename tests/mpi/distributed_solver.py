@@ -9,7 +9,8 @@ initial weights: set_parameters must make them rank 0's, which the
 reference then starts from. Parameters must match the reference to float32
 rounding after every step.
 
-Cases: op average and sum, Momentum and Adam, backward_passes_per_step 2
+Cases: op average and sum, Momentum and Adam, fp16 and bf16 compression
+(to 16-bit precision), backward_passes_per_step 2
 (two passes on halves of the slice), a sub-group, a user hook chained;
 misuse raising before any communication: update() without the reducing
 backward, too many passes, a bad op, backward before set_parameters.
@@ -51,7 +52,7 @@ def batch(step):
 
 
 def run(ck, comm, what, make_solver, op="average", passes=1,
-        group="world"):
+        group="world", compression=nncomm.Compression.none, tol=2e-5):
     ranks = comm.find_group(group)
     if comm.rank not in ranks:
         return
@@ -60,7 +61,8 @@ def run(ck, comm, what, make_solver, op="average", passes=1,
     shard = BATCH // size // passes
     total = op == "sum"
     x, t, loss, params = mlp("dist", shard, comm.rank, total)
-    solver = nncomm.DistributedSolver(make_solver(), comm, op=op,
+    solver = nncomm.DistributedSolver(make_solver(), comm,
+                                      compression=compression, op=op,
                                       backward_passes_per_step=passes,
                                       group=group)
     solver.set_parameters(params)
@@ -91,7 +93,8 @@ def run(ck, comm, what, make_solver, op="average", passes=1,
         rscaled.backward(clear_buffer=True)
         reference.update()
         for name, v in params.items():
-            ck.true(np.allclose(v.d, rparams[name].d, rtol=2e-5, atol=1e-6),
+            ck.true(np.allclose(v.d, rparams[name].d, rtol=tol,
+                                atol=tol / 20),
                     f"{what}: step {step} {name}",
                     f"max difference "
                     f"{np.max(np.abs(v.d - rparams[name].d)):.3g}")
@@ -104,6 +107,8 @@ def misuse(ck, comm):
     x.d, t.d = np.ones(x.shape), np.zeros(t.shape)
     ck.raises(ValueError, "op must be", "op max",
               nncomm.DistributedSolver, S.Sgd(0.1), comm, op="max")
+    ck.raises(TypeError, "Compression", "compression as a string",
+              nncomm.DistributedSolver, S.Sgd(0.1), comm, compression="fp16")
     ck.raises(ValueError, "positive", "no passes",
               nncomm.DistributedSolver, S.Sgd(0.1), comm,
               backward_passes_per_step=0)
@@ -131,6 +136,12 @@ def main():
     run(ck, comm, "average Momentum", lambda: S.Momentum(0.1, 0.9))
     run(ck, comm, "sum Momentum", lambda: S.Momentum(0.01, 0.9), op="sum")
     run(ck, comm, "average Adam, 2 passes", lambda: S.Adam(0.01), passes=2)
+    # Gradients rounded to 16 bits on the wire: within their precision
+    # (bf16 keeps 8 bits) of the reference after 5 steps.
+    run(ck, comm, "average Momentum, fp16", lambda: S.Momentum(0.1, 0.9),
+        compression=nncomm.Compression.fp16, tol=5e-3)
+    run(ck, comm, "average Momentum, bf16", lambda: S.Momentum(0.1, 0.9),
+        compression=nncomm.Compression.bf16, tol=3e-2)
     if comm.size >= 2:
         pair = [comm.size - 1, 0]
         comm.new_group(("pair", pair))

@@ -109,6 +109,23 @@ def misuse(ck, comm):
         ck.array(x, np.full(x.size, 2.0 * comm.size, F32),
                  f"with: after a raising iteration [{i}]")
 
+    # The wire dtype: 1 + 2**-12 is 1 in float16, 1 + 2**-9 is 1 in
+    # bfloat16, and both are exact in float32 and under keep_dtype.
+    n = comm.size
+    for wire, keep, value, total in [
+            ("float16", False, 1 + 2 ** -12, n),
+            ("bfloat16", False, 1 + 2 ** -9, n),
+            ("float32", False, 1 + 2 ** -12, n * (1 + 2 ** -12)),
+            ("float16", True, 1 + 2 ** -12, n * (1 + 2 ** -12))]:
+        x = nd(np.full(10, value, F32))
+        r = comm.gradient_reducer([x], 4, keep_dtype=keep, wire_dtype=wire)
+        with r:
+            pass
+        ck.array(x, np.full(10, total, F32),
+                 f"wire_dtype={wire} keep_dtype={keep}")
+    ck.raises(ValueError, "wire_dtype must be", "wire_dtype int32",
+              comm.gradient_reducer, grads, 4, wire_dtype="int32")
+
     ck.raises(ValueError, "order must list", "a bad order",
               comm.gradient_reducer, grads, 4, order=[0, 0])
     ck.raises(TypeError, "float32, float16 or float64", "integer gradients",
