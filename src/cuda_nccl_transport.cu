@@ -111,15 +111,6 @@ NcclTransport::~NcclTransport() {
     cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
-Status NcclTransport::launched(nccl::Result result, const char *call,
-                               WorkPtr *work) {
-  NNCOMM_RETURN_IF_ERROR(nccl_status(result, call));
-  NNCOMM_CUDA_CALL(cudaEventRecord, static_cast<cudaEvent_t>(done_),
-                   static_cast<cudaStream_t>(stream_));
-  work->reset(new Launched(*this));
-  return Status::Ok();
-}
-
 // The reduction that sums each rank's share times `scale`, divided by
 // `divisor`: a plain sum, NCCL's average, or a pre-multiplied sum (whose
 // scalar is of the reduced dtype), which `*created` says to destroy.
@@ -145,74 +136,71 @@ Status NcclTransport::reduction(DType dt, float scale, int divisor,
   return Status::Ok();
 }
 
-Status NcclTransport::start_allreduce(void *buf, size_t count, DType dt,
-                                      float scale, int divisor,
-                                      WorkPtr *work) {
+template <typename Enqueue>
+Status NcclTransport::start(const char *call, DType dt, float scale,
+                            int divisor, Enqueue enqueue, WorkPtr *work) {
   NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
   DeviceScope scope;
   NNCOMM_RETURN_IF_ERROR(scope.enter(device_));
   nccl::RedOp op = nccl::kSum;
   bool created = false;
   NNCOMM_RETURN_IF_ERROR(reduction(dt, scale, divisor, &op, &created));
-  const nccl::Result result =
-      api_.AllReduce(buf, buf, count, nccl_type(dt), op, comm_, stream_);
+  const nccl::Result result = enqueue(op);
   // An enqueued operation keeps what it needs of its reduction.
   if (created)
     api_.RedOpDestroy(op, comm_);
-  return launched(result, "ncclAllReduce", work);
+  NNCOMM_RETURN_IF_ERROR(nccl_status(result, call));
+  NNCOMM_CUDA_CALL(cudaEventRecord, static_cast<cudaEvent_t>(done_),
+                   static_cast<cudaStream_t>(stream_));
+  work->reset(new Launched(*this));
+  return Status::Ok();
+}
+
+Status NcclTransport::start_allreduce(void *buf, size_t count, DType dt,
+                                      float scale, int divisor,
+                                      WorkPtr *work) {
+  const auto enqueue = [&](nccl::RedOp op) {
+    return api_.AllReduce(buf, buf, count, nccl_type(dt), op, comm_, stream_);
+  };
+  return start("ncclAllReduce", dt, scale, divisor, enqueue, work);
 }
 
 Status NcclTransport::start_reduce(void *buf, size_t count, DType dt,
                                    int root, int divisor, WorkPtr *work) {
-  NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
-  DeviceScope scope;
-  NNCOMM_RETURN_IF_ERROR(scope.enter(device_));
-  nccl::RedOp op = nccl::kSum;
-  bool created = false;
-  NNCOMM_RETURN_IF_ERROR(reduction(dt, 1.0f, divisor, &op, &created));
   // The root receives in place; the others' buffers stay as they are.
-  const nccl::Result result =
-      api_.Reduce(buf, rank() == root ? buf : nullptr, count, nccl_type(dt),
-                  op, root, comm_, stream_);
-  if (created)
-    api_.RedOpDestroy(op, comm_);
-  return launched(result, "ncclReduce", work);
+  void *recv = rank() == root ? buf : nullptr;
+  const auto enqueue = [&](nccl::RedOp op) {
+    return api_.Reduce(buf, recv, count, nccl_type(dt), op, root, comm_,
+                       stream_);
+  };
+  return start("ncclReduce", dt, 1.0f, divisor, enqueue, work);
 }
 
 Status NcclTransport::start_bcast(void *buf, size_t count, DType dt, int root,
                                   WorkPtr *work) {
-  NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
-  DeviceScope scope;
-  NNCOMM_RETURN_IF_ERROR(scope.enter(device_));
-  return launched(api_.Broadcast(buf, buf, count, nccl_type(dt), root, comm_,
-                                 stream_),
-                  "ncclBroadcast", work);
+  const auto enqueue = [&](nccl::RedOp) {
+    return api_.Broadcast(buf, buf, count, nccl_type(dt), root, comm_,
+                          stream_);
+  };
+  return start("ncclBroadcast", dt, 1.0f, 1, enqueue, work);
 }
 
 Status NcclTransport::start_allgather(const void *send, void *recv,
                                       size_t count, DType dt, WorkPtr *work) {
-  NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
-  DeviceScope scope;
-  NNCOMM_RETURN_IF_ERROR(scope.enter(device_));
-  return launched(
-      api_.AllGather(send, recv, count, nccl_type(dt), comm_, stream_),
-      "ncclAllGather", work);
+  const auto enqueue = [&](nccl::RedOp) {
+    return api_.AllGather(send, recv, count, nccl_type(dt), comm_, stream_);
+  };
+  return start("ncclAllGather", dt, 1.0f, 1, enqueue, work);
 }
 
 Status NcclTransport::start_reduce_scatter(const void *send, void *recv,
                                            size_t count, DType dt, int divisor,
                                            WorkPtr *work) {
-  NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
-  DeviceScope scope;
-  NNCOMM_RETURN_IF_ERROR(scope.enter(device_));
-  nccl::RedOp op = nccl::kSum;
-  bool created = false;
-  NNCOMM_RETURN_IF_ERROR(reduction(dt, 1.0f, divisor, &op, &created));
-  const nccl::Result result = api_.ReduceScatter(
-      send, recv, count, nccl_type(dt), op, comm_, stream_);
-  if (created)
-    api_.RedOpDestroy(op, comm_);
-  return launched(result, "ncclReduceScatter", work);
+  const auto enqueue = [&](nccl::RedOp op) {
+    return api_.ReduceScatter(send, recv, count, nccl_type(dt), op, comm_,
+                              stream_);
+  };
+  return start("ncclReduceScatter", dt, 1.0f, divisor, enqueue, work);
 }
 
 } // namespace nncomm

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
-#include <functional>
 #include <string>
 #include <thread>
 
@@ -110,22 +109,16 @@ void abort_world(const char *reason) {
   MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
-} // namespace
-
 // One operation: a nonblocking MPI call per piece of its buffer, each
-// started once the one before has completed.
-class MpiTransport::Pieces : public Work {
+// started once the one before has completed; the subclass (Calls) makes
+// the calls.
+class Pieces : public Work {
 public:
-  // Starts piece `i`'s call, returning MPI's error code.
-  using Start = std::function<int(size_t i, MPI_Request *request)>;
-  // Runs on piece `i` once its call has completed.
-  using Finish = std::function<void(size_t i)>;
-
-  Pieces(const MpiTransport &transport, const char *call, size_t pieces,
-         Start start, Finish finish = nullptr)
-      : transport_(transport), at_(transport.at_), call_(call),
-        pieces_(pieces), start_(std::move(start)),
-        finish_(std::move(finish)) {}
+  // `inspector`: the transport's (null while it is being created); `at`:
+  // the operation, as begin() opened it.
+  Pieces(StallInspector *inspector, const StallInspector::Position &at,
+         const char *call, size_t pieces)
+      : inspector_(inspector), at_(at), call_(call), pieces_(pieces) {}
 
   Status begin() { return start_piece(); }
 
@@ -135,8 +128,7 @@ public:
     NNCOMM_MPI_CALL(MPI_Test, &request_, &complete, MPI_STATUS_IGNORE);
     if (!complete)
       return Status::Ok();
-    if (finish_)
-      finish_(piece_);
+    finish(piece_);
     if (++piece_ < pieces_)
       return start_piece();
     *done = true;
@@ -145,51 +137,68 @@ public:
 
   Stall inspect() override {
     Stall stall;
-    StallInspector *inspector = transport_.inspector_.get();
-    if (inspector == nullptr)
+    if (inspector_ == nullptr)
       return stall;
-    inspector->arrived(at_);
+    inspector_->arrived(at_);
     stall.known = true;
-    stall.missing = inspector->missing(at_);
-    stall.differing = inspector->differing(at_);
+    stall.missing = inspector_->missing(at_);
+    stall.differing = inspector_->differing(at_);
     return stall;
   }
 
   std::string describe() const override {
     std::string text = "operation " + std::to_string(at_.seq);
-    if (transport_.inspector_) {
+    if (inspector_ != nullptr) {
       text += " on the group of world ranks " +
-              rank_list(transport_.inspector_->world_ranks());
+              rank_list(inspector_->world_ranks());
     }
     return text;
   }
 
 private:
+  // Starts piece `i`'s call, returning MPI's error code.
+  virtual int start(size_t i, MPI_Request *request) = 0;
+  // Runs on piece `i` once its call has completed.
+  virtual void finish(size_t i) = 0;
+
   Status start_piece() {
-    const int err = start_(piece_, &request_);
+    const int err = start(piece_, &request_);
     if (err != MPI_SUCCESS)
       return mpi_failure(err, call_);
     return Status::Ok();
   }
 
-  const MpiTransport &transport_;
+  StallInspector *const inspector_;
   const StallInspector::Position at_;
   const char *call_;
   const size_t pieces_;
-  const Start start_;
-  const Finish finish_;
   size_t piece_ = 0;
   MPI_Request request_ = MPI_REQUEST_NULL;
 };
 
-namespace {
+// The `finish` of pieces that leave their results as MPI put them.
+constexpr auto no_finish = [](size_t) {};
 
-// Hands out `pieces` once it started, or the failure to start it.
-Status started(std::unique_ptr<Work> pieces, Status begun, WorkPtr *work) {
-  NNCOMM_RETURN_IF_ERROR(begun);
-  *work = std::move(pieces);
-  return Status::Ok();
-}
+// Pieces whose calls are `start` and `finish`, kept as they are: in a
+// std::function, an operation's arguments cost an allocation of their own
+// at every call.
+template <typename Start, typename Finish>
+class Calls final : public Pieces {
+public:
+  Calls(StallInspector *inspector, const StallInspector::Position &at,
+        const char *call, size_t pieces, Start start, Finish finish)
+      : Pieces(inspector, at, call, pieces), start_(std::move(start)),
+        finish_(std::move(finish)) {}
+
+private:
+  int start(size_t i, MPI_Request *request) override {
+    return start_(i, request);
+  }
+  void finish(size_t i) override { finish_(i); }
+
+  const Start start_;
+  const Finish finish_;
+};
 
 // Elements of piece `i` of `count` split into pieces of `step`.
 int piece_count(size_t i, size_t step, size_t count) {
@@ -206,6 +215,17 @@ void divide(void *buf, size_t count, DType dt, int divisor) {
 }
 
 } // namespace
+
+template <typename Start, typename Finish>
+Status MpiTransport::start_pieces(const char *call, size_t pieces,
+                                  Start start, Finish finish, WorkPtr *work) {
+  std::unique_ptr<Pieces> started(
+      new Calls<Start, Finish>(inspector_.get(), at_, call, pieces,
+                               std::move(start), std::move(finish)));
+  NNCOMM_RETURN_IF_ERROR(started->begin());
+  *work = std::move(started);
+  return Status::Ok();
+}
 
 Status MpiTransport::begin(uint64_t fingerprint, uint64_t phase) {
   NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
@@ -283,11 +303,12 @@ Status MpiTransport::Init(MPI_Request *created) {
     OperationLabel label("creating a communicator");
     Status status = begin(operation("create", 0, DType::kInt64));
     if (status.ok()) {
-      Pieces creation(*this, "MPI_Comm_idup", 1,
-                      [created](size_t, MPI_Request *request) {
-                        *request = *created;
-                        return MPI_SUCCESS;
-                      });
+      Calls creation(inspector_.get(), at_, "MPI_Comm_idup", 1,
+                     [created](size_t, MPI_Request *request) {
+                       *request = *created;
+                       return MPI_SUCCESS;
+                     },
+                     no_finish);
       status = creation.begin();
       if (status.ok())
         status = wait_for(creation, false, nullptr);
@@ -356,8 +377,8 @@ Status MpiTransport::start_allreduce(void *buf, size_t count, DType dt,
   const MPI_Comm comm = comm_;
   // This rank's share is scaled where it lies and the sum overwrites it,
   // piece by piece, next to the piece's reduction.
-  std::unique_ptr<Pieces> pieces(new Pieces(
-      *this, "MPI_Iallreduce", pieces_of(count, step),
+  return start_pieces(
+      "MPI_Iallreduce", pieces_of(count, step),
       [=](size_t i, MPI_Request *request) {
         char *piece = base + i * step * size;
         const int n = piece_count(i, step, count);
@@ -370,9 +391,8 @@ Status MpiTransport::start_allreduce(void *buf, size_t count, DType dt,
         if (divisor != 1)
           divide(base + i * step * size, piece_count(i, step, count), dt,
                  divisor);
-      }));
-  Status begun = pieces->begin();
-  return started(std::move(pieces), begun, work);
+      },
+      work);
 }
 
 Status MpiTransport::start_reduce(void *buf, size_t count, DType dt, int root,
@@ -385,8 +405,8 @@ Status MpiTransport::start_reduce(void *buf, size_t count, DType dt, int root,
   char *base = static_cast<char *>(buf);
   const size_t size = dtype_size(dt);
   const MPI_Comm comm = comm_;
-  std::unique_ptr<Pieces> pieces(new Pieces(
-      *this, "MPI_Ireduce", pieces_of(count, step),
+  return start_pieces(
+      "MPI_Ireduce", pieces_of(count, step),
       [=](size_t i, MPI_Request *request) {
         char *piece = base + i * step * size;
         // Only the root receives; the others' buffers stay as they are.
@@ -399,37 +419,31 @@ Status MpiTransport::start_reduce(void *buf, size_t count, DType dt, int root,
         if (is_root && divisor != 1)
           divide(base + i * step * size, piece_count(i, step, count), dt,
                  divisor);
-      }));
-  Status begun = pieces->begin();
-  return started(std::move(pieces), begun, work);
+      },
+      work);
 }
 
 Status MpiTransport::start_bcast(void *buf, size_t count, DType dt, int root,
                                  WorkPtr *work) {
   NNCOMM_RETURN_IF_ERROR(begin(operation("bcast", count, dt, root)));
   const MPI_Comm comm = comm_;
-  std::unique_ptr<Pieces> pieces(
-      new Pieces(*this, "MPI_Ibcast_c", 1, [=](size_t, MPI_Request *request) {
-        return MPI_Ibcast_c(buf, static_cast<MPI_Count>(count), mpi_type(dt),
-                            root, comm, request);
-      }));
-  Status begun = pieces->begin();
-  return started(std::move(pieces), begun, work);
+  const auto call = [=](size_t, MPI_Request *request) {
+    return MPI_Ibcast_c(buf, static_cast<MPI_Count>(count), mpi_type(dt), root,
+                        comm, request);
+  };
+  return start_pieces("MPI_Ibcast_c", 1, call, no_finish, work);
 }
 
 Status MpiTransport::start_allgather(const void *send, void *recv,
                                      size_t count, DType dt, WorkPtr *work) {
   NNCOMM_RETURN_IF_ERROR(begin(operation("allgather", count, dt)));
   const MPI_Comm comm = comm_;
-  std::unique_ptr<Pieces> pieces(new Pieces(
-      *this, "MPI_Iallgather_c", 1, [=](size_t, MPI_Request *request) {
-        return MPI_Iallgather_c(send, static_cast<MPI_Count>(count),
-                                mpi_type(dt), recv,
-                                static_cast<MPI_Count>(count), mpi_type(dt),
-                                comm, request);
-      }));
-  Status begun = pieces->begin();
-  return started(std::move(pieces), begun, work);
+  const auto call = [=](size_t, MPI_Request *request) {
+    return MPI_Iallgather_c(send, static_cast<MPI_Count>(count), mpi_type(dt),
+                            recv, static_cast<MPI_Count>(count), mpi_type(dt),
+                            comm, request);
+  };
+  return start_pieces("MPI_Iallgather_c", 1, call, no_finish, work);
 }
 
 Status MpiTransport::start_reduce_scatter(const void *send, void *recv,
@@ -439,8 +453,8 @@ Status MpiTransport::start_reduce_scatter(const void *send, void *recv,
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
   NNCOMM_RETURN_IF_ERROR(begin(operation("reduce_scatter", count, dt)));
   const MPI_Comm comm = comm_;
-  std::unique_ptr<Pieces> pieces(new Pieces(
-      *this, "MPI_Ireduce_scatter_block_c", 1,
+  return start_pieces(
+      "MPI_Ireduce_scatter_block_c", 1,
       [=](size_t, MPI_Request *request) {
         return MPI_Ireduce_scatter_block_c(send, recv,
                                            static_cast<MPI_Count>(count),
@@ -449,20 +463,17 @@ Status MpiTransport::start_reduce_scatter(const void *send, void *recv,
       [=](size_t) {
         if (divisor != 1)
           divide(recv, count, dt, divisor);
-      }));
-  Status begun = pieces->begin();
-  return started(std::move(pieces), begun, work);
+      },
+      work);
 }
 
 Status MpiTransport::start_barrier(WorkPtr *work) {
   NNCOMM_RETURN_IF_ERROR(begin(operation("barrier", 0, DType::kInt64)));
   const MPI_Comm comm = comm_;
-  std::unique_ptr<Pieces> pieces(
-      new Pieces(*this, "MPI_Ibarrier", 1, [=](size_t, MPI_Request *request) {
-        return MPI_Ibarrier(comm, request);
-      }));
-  Status begun = pieces->begin();
-  return started(std::move(pieces), begun, work);
+  const auto call = [=](size_t, MPI_Request *request) {
+    return MPI_Ibarrier(comm, request);
+  };
+  return start_pieces("MPI_Ibarrier", 1, call, no_finish, work);
 }
 
 Status MpiTransport::agree(uint64_t value, bool *same) {
@@ -474,11 +485,12 @@ Status MpiTransport::same_everywhere(MPI_Comm comm, uint64_t value,
                                      bool *same) {
   // max(v) == v and max(~v) == ~v hold on every rank only if all v agree.
   uint64_t both[2] = {value, ~value};
-  Pieces round(*this, "MPI_Iallreduce", 1,
-               [&both, comm](size_t, MPI_Request *request) {
-                 return MPI_Iallreduce(MPI_IN_PLACE, both, 2, MPI_UINT64_T,
-                                       MPI_MAX, comm, request);
-               });
+  Calls round(inspector_.get(), at_, "MPI_Iallreduce", 1,
+              [&both, comm](size_t, MPI_Request *request) {
+                return MPI_Iallreduce(MPI_IN_PLACE, both, 2, MPI_UINT64_T,
+                                      MPI_MAX, comm, request);
+              },
+              no_finish);
   NNCOMM_RETURN_IF_ERROR(round.begin());
   NNCOMM_RETURN_IF_ERROR(wait_for(round, rank_ == 0, nullptr));
   *same = both[0] == value && both[1] == ~value;

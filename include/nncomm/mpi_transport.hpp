@@ -67,7 +67,6 @@ public:
   void abort(int errorcode) const;
 
 private:
-  class Pieces;
   explicit MpiTransport(MPI_Comm comm) : comm_(comm) {}
   // `created`: the request completing the communicator, or null.
   Status Init(MPI_Request *created);
@@ -75,6 +74,13 @@ private:
   // root) the stall reports carry: fails at once after an earlier failed
   // wait. `phase` 1: the check of a call (check_call()).
   Status begin(uint64_t fingerprint, uint64_t phase = 0);
+  // Starts the operation begin() opened, as `pieces` nonblocking `call`s,
+  // each started once the one before has completed: `start(i, &request)`
+  // starts piece i's, returning MPI's error code, and `finish(i)` runs
+  // once it has completed.
+  template <typename Start, typename Finish>
+  Status start_pieces(const char *call, size_t pieces, Start start,
+                      Finish finish, WorkPtr *work);
   // Sets `*same` to whether every rank passed the same `value`, compared
   // on `comm` (this transport's, or the one kept for check_call()).
   Status same_everywhere(MPI_Comm comm, uint64_t value, bool *same);

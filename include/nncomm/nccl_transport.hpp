@@ -56,9 +56,13 @@ private:
   class Launched;
   NcclTransport(const NcclApi &api, std::unique_ptr<Transport> host)
       : api_(api), host_(std::move(host)) {}
-  // `result` of enqueueing `call`: on success, a Work that completes when
-  // the operation has passed on the device.
-  Status launched(nccl::Result result, const char *call, WorkPtr *work);
+  // Starts `call`, which `enqueue(op)` puts on the stream, `op` being the
+  // reduction of `scale` and `divisor` (reduction()); an operation that
+  // reduces nothing passes 1 and 1 and ignores it. On success, `*work`
+  // completes when the operation has passed on the device.
+  template <typename Enqueue>
+  Status start(const char *call, DType dt, float scale, int divisor,
+               Enqueue enqueue, WorkPtr *work);
   Status nccl_status(nccl::Result result, const char *call) const;
   Status reduction(DType dt, float scale, int divisor, nccl::RedOp *op,
                    bool *created);
