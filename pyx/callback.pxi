@@ -182,6 +182,7 @@ cdef class AllReduceCallback:
     cdef list data
     cdef dict positions
     cdef object ctx
+    cdef bint cuda  # ctx computes on CUDA
     cdef bint division
     cdef bint keep_dtype
     cdef float scale
@@ -309,8 +310,8 @@ cdef class AllReduceCallback:
         return make_engine(self.group, self.data, list(reversed(reached)),
                            sizes, codes, self.pack_size, self.keep_dtype,
                            self.wire,
-                           device_arrays(self.data[:1], self.ctx, "data",
-                                         None))
+                           device_arrays(self.data[:1], self.ctx, self.cuda,
+                                         "data", None))
 
     cdef int _ready(self, _Backward bw, Py_ssize_t i) except -1:
         x = self.data[i]
@@ -361,7 +362,8 @@ cdef class AllReduceCallback:
         try:
             all_reduce_list(self.group, [self.data[i]
                                          for i in bw.engine.unreached],
-                            self.ctx, self.division, self.scale, True)
+                            self.ctx, self.cuda, self.division, self.scale,
+                            True)
         finally:
             CHKSTATUS(status)
         return 0

@@ -32,6 +32,7 @@ cdef class Communicator:
         comm.all_reduce(x, division=True)
     """
     cdef object _ctx
+    cdef bint _cuda  # _ctx computes on CUDA
     cdef bint _initialized
     cdef dict _groups
     cdef dict _callback_states
@@ -44,7 +45,8 @@ cdef class Communicator:
             raise ValueError(
                 "nncomm's communicator needs a CPU or CUDA context, as from "
                 f"get_extension_context('cpu'); got backend {backends}")
-        if computes_on_cuda(ctx):
+        self._cuda = computes_on_cuda(ctx)
+        if self._cuda:
             # Collectives would fail on their first array otherwise.
             missing = cuda_context.missing_pieces()
             if missing:
@@ -287,7 +289,8 @@ cdef class Communicator:
         cdef _Group g = self._member(group)
         cdef list data_list = as_ndarray_list(data, "data")
         check_distinct(data_list, "data")
-        all_reduce_list(g, data_list, self._ctx, division, 1.0, not inplace)
+        all_reduce_list(g, data_list, self._ctx, self._cuda, division, 1.0,
+                        not inplace)
 
     def reduce(self, data, dst, bint division=False, bint inplace=False,
                group="world"):
@@ -306,7 +309,8 @@ cdef class Communicator:
         cdef list data_list = as_ndarray_list(data, "data")
         check_distinct(data_list, "data")
         cdef Status status
-        cdef GpuArrays gpu = device_arrays(data_list, self._ctx, "data", None)
+        cdef GpuArrays gpu = device_arrays(data_list, self._ctx, self._cuda,
+                                           "data", None)
         cdef DeviceGroup* devices
         if gpu is not None:
             if division:
@@ -340,7 +344,8 @@ cdef class Communicator:
         cdef int root = _root(src, "src", g, group)
         cdef list data_list = as_ndarray_list(data, "data")
         cdef Status status
-        cdef GpuArrays gpu = device_arrays(data_list, self._ctx, "data", None)
+        cdef GpuArrays gpu = device_arrays(data_list, self._ctx, self._cuda,
+                                           "data", None)
         cdef DeviceGroup* devices
         if gpu is not None:
             devices = g.devices(gpu.first())
@@ -389,7 +394,7 @@ cdef class Communicator:
                           len(g.ranks))
             recv = collect(recv_list, self._ctx, "ndarray_list",
                            send.dtypes[0], False)
-            if not computes_on_cuda(self._ctx):
+            if not self._cuda:
                 with nogil:
                     status = deref(g.core).all_gather(send.refs[0], recv.refs)
                 CHKSTATUS(status)
@@ -449,7 +454,7 @@ cdef class Communicator:
                 check_floating(send.dtypes, "ndarray_list")
             recv = collect([ndarray], self._ctx, "ndarray", send.dtypes[0],
                            False)
-            if not computes_on_cuda(self._ctx):
+            if not self._cuda:
                 with nogil:
                     status = deref(g.core).reduce_scatter(
                         send.refs, recv.refs[0], division)
@@ -532,6 +537,7 @@ cdef class Communicator:
         cb.data = grads
         cb.positions = state.positions(grads)
         cb.ctx = self._ctx
+        cb.cuda = self._cuda
         cb.division = division
         cb.keep_dtype = keep_dtype
         cb.scale = float(scale_grad)
@@ -584,7 +590,8 @@ cdef class Communicator:
         cdef _Group g = self._member(group)
         cdef list grads = as_ndarray_list(data, "data")
         size = _gradient_checks(grads, pack_size, "gradient_reducer")
-        return make_reducer(g, grads, self._ctx, order, size, division,
+        return make_reducer(g, grads, self._ctx, self._cuda, order, size,
+                            division,
                             float(scale_grad), keep_dtype,
                             _wire_code(self._ctx, wire_dtype))
 
@@ -628,12 +635,13 @@ cdef int _wire_code(ctx, wire_dtype) except -1:
     return DTYPE_CODES[name]
 
 
-cdef int all_reduce_list(_Group g, list arrays, ctx, bint division,
-                         float scale, bint fuse) except -1:
+cdef int all_reduce_list(_Group g, list arrays, ctx, bint cuda,
+                         bint division, float scale, bint fuse) except -1:
     """Communicator.all_reduce's work on `arrays` (checked distinct): on
-    their device, or on the host memory of NdArrays of context `ctx`."""
+    their device, or on the memory of NdArrays of context `ctx` (`cuda`: it
+    computes on CUDA)."""
     cdef Status status
-    cdef GpuArrays gpu = device_arrays(arrays, ctx, "data", None)
+    cdef GpuArrays gpu = device_arrays(arrays, ctx, cuda, "data", None)
     cdef DeviceGroup* devices
     cdef Materializer none
     none.fn = NULL  # device arrays are never left zeroing

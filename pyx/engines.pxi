@@ -241,8 +241,8 @@ cdef class GradientReducer:
         raise RuntimeError(message)
 
 
-cdef GradientReducer make_reducer(_Group group, list grads, ctx, order,
-                                  size_t pack_size, bint division,
+cdef GradientReducer make_reducer(_Group group, list grads, ctx, bint cuda,
+                                  order, size_t pack_size, bint division,
                                   float scale, bint keep_dtype, int wire):
     """The reducer of Communicator.gradient_reducer, its arguments
     checked."""
@@ -250,7 +250,7 @@ cdef GradientReducer make_reducer(_Group group, list grads, ctx, order,
     self.group = group
     self.data = grads
     self.ctx = ctx
-    self.gpu = device_arrays(grads, ctx, "data", None)
+    self.gpu = device_arrays(grads, ctx, cuda, "data", None)
     self.fixed = len(grads) > 0 and is_gpu_array(grads[0])
     if self.gpu is not None:
         sizes = tuple(<Py_ssize_t>self.gpu.refs[i].count

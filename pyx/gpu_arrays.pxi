@@ -121,16 +121,18 @@ cdef int check_distinct_memory(list arrays, str what) except -1:
     return 0
 
 
-cdef GpuArrays device_arrays(list arrays, ctx, str what, dtype):
+cdef GpuArrays device_arrays(list arrays, ctx, bint cuda, str what, dtype):
     """The device memory of `arrays` (named `what` in errors): GPU arrays,
-    or NdArrays of a CUDA context `ctx`, whose data_ptr is on its device;
-    None where `arrays` is host memory (or empty). `dtype` as collect()
-    and collect_gpu() take it."""
+    or NdArrays of context `ctx` where it computes on CUDA (`cuda`, its
+    computes_on_cuda(), found once: reading a context's backends costs
+    about a microsecond), whose data_ptr is on its device; None where
+    `arrays` is host memory (or empty). `dtype` as collect() and
+    collect_gpu() take it."""
     if not arrays:
         return None
     if is_gpu_array(arrays[0]):
         return collect_gpu(arrays, what, dtype)
-    if not computes_on_cuda(ctx):
+    if not cuda:
         return None
     return on_nnabla_stream(collect(arrays, ctx, what, dtype, False))
 

@@ -40,15 +40,13 @@ struct FusionPlan {
 // listed apart (the planner leaves them out). With `flags`, the message of
 // the first array's dtype goes first and ends with one flag element per
 // array; it exists even when no array is fused into it.
-FusionPlan plan_fusion(const std::vector<ArrayRef> &arrays, bool fuse,
-                       bool flags) {
-  std::vector<TensorSpec> specs;
+FusionPlan make_fusion_plan(const std::vector<TensorSpec> &specs, bool fuse,
+                            bool flags) {
   std::vector<size_t> order;
   FusionPlan plan;
-  for (size_t i = 0; i < arrays.size(); ++i) {
-    specs.push_back({arrays[i].count, arrays[i].dtype});
+  for (size_t i = 0; i < specs.size(); ++i) {
     order.push_back(i);
-    if (arrays[i].count == 0)
+    if (specs[i].count == 0)
       plan.empty.push_back(i);
   }
   for (Bucket &b : plan_buckets(specs, order, SIZE_MAX, /*keep_dtype=*/true,
@@ -64,8 +62,8 @@ FusionPlan plan_fusion(const std::vector<ArrayRef> &arrays, bool fuse,
     m.arrays = std::move(b.tensors);
     plan.messages.push_back(std::move(m));
   }
-  if (flags && !arrays.empty()) {
-    const DType first = arrays[0].dtype;
+  if (flags && !specs.empty()) {
+    const DType first = specs[0].dtype;
     auto it =
         std::find_if(plan.messages.begin(), plan.messages.end(),
                      [first](const Message &m) { return m.dtype == first; });
@@ -76,13 +74,47 @@ FusionPlan plan_fusion(const std::vector<ArrayRef> &arrays, bool fuse,
     } else {
       std::rotate(plan.messages.begin(), it, it + 1);
     }
-    plan.messages[0].count += arrays.size();
+    plan.messages[0].count += specs.size();
   }
   for (Message &m : plan.messages) {
     m.byte_offset = plan.bytes;
     plan.bytes += align_up(m.count * dtype_size(m.dtype));
   }
   return plan;
+}
+
+// make_fusion_plan for `arrays`. Training makes the same collectives on the
+// same arrays every iteration, so this thread's last plan is kept and
+// reused while the arrays' sizes and dtypes and the options are the same:
+// planning allocates, and cost a steady-state call more than its MPI
+// call's own overhead. Valid until this thread's next call.
+const FusionPlan &plan_fusion(const std::vector<ArrayRef> &arrays, bool fuse,
+                              bool flags) {
+  struct Last {
+    std::vector<TensorSpec> specs;
+    bool fuse = false;
+    bool flags = false;
+    bool valid = false;
+    FusionPlan plan;
+  };
+  thread_local Last last;
+  bool same = last.valid && last.fuse == fuse && last.flags == flags &&
+              last.specs.size() == arrays.size();
+  for (size_t i = 0; same && i < arrays.size(); ++i) {
+    same = last.specs[i].count == arrays[i].count &&
+           last.specs[i].dtype == arrays[i].dtype;
+  }
+  if (!same) {
+    last.valid = false;
+    last.specs.clear();
+    for (const ArrayRef &a : arrays)
+      last.specs.push_back({a.count, a.dtype});
+    last.plan = make_fusion_plan(last.specs, fuse, flags);
+    last.fuse = fuse;
+    last.flags = flags;
+    last.valid = true;
+  }
+  return last.plan;
 }
 
 // The layout of message `m` inside `buffer`; an array whose pointer is
@@ -183,7 +215,7 @@ Status all_reduce_list(Transport &transport, ArrayMemory &memory,
       CallSignature("all_reduce", 0, division + 2 * fuse).add_arrays(arrays)));
   if (arrays.empty())
     return Status::Ok();
-  const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/true);
+  const FusionPlan &plan = plan_fusion(arrays, fuse, /*flags=*/true);
   char *buffer = nullptr;
   NNCOMM_RETURN_IF_ERROR(fail_alone(reserve_plan(memory, plan, &buffer)));
   for (const Message &m : plan.messages)
@@ -256,7 +288,7 @@ Status reduce_list(Transport &transport, ArrayMemory &memory,
   NNCOMM_RETURN_IF_ERROR(check_same_call(
       transport,
       CallSignature("reduce", root, division + 2 * fuse).add_arrays(arrays)));
-  const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/false);
+  const FusionPlan &plan = plan_fusion(arrays, fuse, /*flags=*/false);
   char *buffer = nullptr;
   NNCOMM_RETURN_IF_ERROR(fail_alone(reserve_plan(memory, plan, &buffer)));
   const bool is_root = transport.rank() == root;
@@ -283,7 +315,7 @@ Status bcast_list(Transport &transport, ArrayMemory &memory,
   NNCOMM_RETURN_IF_ERROR(
       check_same_call(transport,
                       CallSignature("bcast", root, fuse).add_arrays(arrays)));
-  const FusionPlan plan = plan_fusion(arrays, fuse, /*flags=*/false);
+  const FusionPlan &plan = plan_fusion(arrays, fuse, /*flags=*/false);
   char *buffer = nullptr;
   NNCOMM_RETURN_IF_ERROR(fail_alone(reserve_plan(memory, plan, &buffer)));
   const bool is_root = transport.rank() == root;
