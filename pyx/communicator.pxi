@@ -169,7 +169,8 @@ cdef class Communicator:
         Returns:
             :obj:`WorkerDescriptor`: This process.
         """
-        return self._workers[self.rank]
+        rank = self.rank  # refuses a communicator not initialized
+        return self._workers[rank]
 
     def is_capable(self, name):
         """Whether this process supports a feature, as BytePS's
