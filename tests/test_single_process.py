@@ -1,6 +1,7 @@
 """What needs no mpiexec: the factories, their nnabla aliases, the context
-check, use before init() and after finalize(), and is_capable. Importing nncomm initialises MPI as a
-singleton (one rank), as for a script started with plain ``python``.
+check, use before init() and after finalize(), and is_capable. Importing
+nncomm initialises MPI as a singleton (one rank), as for a script started
+with plain ``python``.
 """
 import numpy as np
 import pytest
