@@ -6,7 +6,18 @@ except ImportError:
     class Variable:  # without nnabla, no parameters to register
         pass
 
-from nncomm import cuda_context
+import collections
+
+from nncomm import cuda_context, packing
+
+WorkerDescriptor = collections.namedtuple(
+    "WorkerDescriptor", ["global_rank", "host_id"], module="nncomm")
+WorkerDescriptor.__doc__ = """A process of the job, as CNTK's
+``WorkerDescriptor``: ``global_rank``, its world rank, and ``host_id``, the
+name of its host (``MPI_Get_processor_name``)."""
+
+_FINALIZED = ("the communicator is finalized; no call may follow "
+              "finalize()")
 
 
 cdef class Communicator:
@@ -37,6 +48,8 @@ cdef class Communicator:
     cdef dict _groups
     cdef dict _callback_states
     cdef list _ctx_params
+    cdef tuple _workers
+    cdef bint _finalized
 
     def __cinit__(self, ctx):
         backends = [str(b) for b in getattr(ctx, "backend", None) or []]
@@ -63,6 +76,8 @@ cdef class Communicator:
         """Initializes the communicator: duplicates ``MPI_COMM_WORLD`` and
         finds this process's ranks. Call it once, on every rank.
         """
+        if self._finalized:
+            raise RuntimeError(_FINALIZED)
         if self._initialized:
             raise RuntimeError("the communicator is already initialized")
         CHKSTATUS(validate())
@@ -73,10 +88,30 @@ cdef class Communicator:
             status = Group.Create(comm, &world.core)
         CHKSTATUS(status)
         _agree_on_settings(world)
+        self._workers = _gather_workers(world)
         self._groups["world"] = world
         self._initialized = True
 
+    def finalize(self):
+        """Ends the communicator's use, as CNTK's ``finalize()``: its MPI
+        communicators are freed, and every later call but
+        :meth:`is_capable` raises RuntimeError. MPI itself stays
+        initialized (mpi4py finalizes it at exit, and other code may still
+        use it). Call it on every rank; callbacks and reducers made before
+        keep their group until they are dropped. A second call does
+        nothing.
+        """
+        if self._finalized:
+            return
+        self._world()
+        self._groups = {}
+        self._callback_states = {}
+        self._ctx_params = []
+        self._finalized = True
+
     cdef _Group _world(self):
+        if self._finalized:
+            raise RuntimeError(_FINALIZED)
         if not self._initialized:
             raise RuntimeError(
                 "the communicator is not initialized; call init() first")
@@ -113,6 +148,59 @@ cdef class Communicator:
         if world.device:
             return world.device.get().transport_name().decode()
         return "mpi"
+
+    def is_main(self):
+        """
+        Returns:
+            bool: Whether this process is world rank 0, the one that
+            usually logs and saves.
+        """
+        return self.rank == 0
+
+    def workers(self):
+        """
+        Returns:
+            list of :obj:`WorkerDescriptor`: Every process of the job, by
+            world rank (host names gathered once, by :meth:`init`).
+        """
+        self._world()
+        return list(self._workers)
+
+    def current_worker(self):
+        """
+        Returns:
+            :obj:`WorkerDescriptor`: This process.
+        """
+        rank = self.rank  # refuses a communicator not initialized
+        return self._workers[rank]
+
+    def is_capable(self, name):
+        """Whether this process supports a feature, as BytePS's
+        ``is_capable``; answered locally, before :meth:`init` too.
+
+        Args:
+            name (str): ``"gpu"`` (collectives on CUDA memory: a build with
+                CUDA and a visible device), ``"nccl"`` (those through NCCL:
+                ``"gpu"``, and NCCL loads as ``NNCOMM_NCCL_LIBRARY`` says),
+                ``"callback"`` (:meth:`all_reduce_callback`) or
+                ``"gradient_reducer"`` (both need MPI initialized with
+                ``MPI_THREAD_MULTIPLE``).
+
+        Returns:
+            bool: Whether the feature works here.
+
+        Example:
+
+        .. code-block:: python
+
+            if comm.is_capable("callback"):
+                cb = comm.all_reduce_callback(grads, 2 << 20)
+        """
+        test = _CAPABILITIES.get(name)
+        if test is None:
+            raise ValueError(f"unknown capability {name!r}; known: "
+                             f"{sorted(_CAPABILITIES)}")
+        return test()
 
     def barrier(self):
         """Blocks until every process of the world group has called it."""
@@ -614,7 +702,7 @@ cdef Py_ssize_t _gradient_checks(list grads, pack_size, str what) except -1:
     if size <= 0:
         raise ValueError(f"pack_size must be a positive number of "
                          f"elements, got {size}")
-    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+    if not _engine_threads():
         raise RuntimeError(
             f"{what} runs MPI on an engine thread and needs MPI initialized "
             f"with MPI_THREAD_MULTIPLE (mpi4py's default; check "
@@ -633,6 +721,31 @@ cdef int _wire_code(ctx, wire_dtype) except -1:
         raise ValueError(f"wire_dtype must be 'float32', 'float16', "
                          f"'bfloat16' or 'float64', not {wire_dtype!r}")
     return DTYPE_CODES[name]
+
+
+def _engine_threads():
+    """Whether MPI allows the engines' threads to call it."""
+    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+
+
+def _gpu_capable():
+    """Whether this build has the CUDA kernels and sees a device."""
+    try:
+        return packing.device_count() > 0
+    except RuntimeError:
+        return False
+
+
+def _nccl_capable():
+    """Whether a GPU group could take NCCL, as its first GPU collective
+    decides (cuda_device_group.cu)."""
+    cdef const NcclApi* api
+    return _gpu_capable() and load_nccl(nccl_library(), &api).ok()
+
+
+cdef dict _CAPABILITIES = {"gpu": _gpu_capable, "nccl": _nccl_capable,
+                           "callback": _engine_threads,
+                           "gradient_reducer": _engine_threads}
 
 
 cdef int all_reduce_list(_Group g, list arrays, ctx, bint cuda,
@@ -736,3 +849,22 @@ cdef int _agree_on_settings(_Group world) except -1:
                             for v, rs in by_value.items())
                 + "; every rank must run with the same value")
     return 0
+
+
+cdef tuple _gather_workers(_Group world):
+    """Every world rank's WorkerDescriptor: the host names, NUL-padded to
+    MPI's longest, in one allgather."""
+    cdef size_t width = -(-MPI.MAX_PROCESSOR_NAME // 8)
+    mine = np.zeros(width, np.int64)
+    name = MPI.Get_processor_name().encode()
+    mine.view(np.uint8)[:len(name)] = np.frombuffer(name, np.uint8)
+    everyone = np.zeros((len(world.ranks), width), np.int64)
+    cdef int64_t[::1] send = mine
+    cdef int64_t[:, ::1] out = everyone
+    cdef Status status
+    with nogil:
+        status = deref(world.core).allgather(&send[0], &out[0, 0], width,
+                                              DType.kInt64)
+    CHKSTATUS(status)
+    return tuple(WorkerDescriptor(r, row.tobytes().rstrip(b"\0").decode())
+                 for r, row in enumerate(everyone))

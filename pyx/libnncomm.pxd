@@ -119,11 +119,18 @@ cdef extern from "nncomm/config.hpp" namespace "nncomm::config" nogil:
     int engine_poll_us()
     size_t direct_bytes()
     size_t chunk_bytes()
+    const string& nccl_library()
     enum class CallChecks(int):
         kOff
         kNew
         kEvery
     CallChecks check_calls()
+
+
+cdef extern from "nncomm/nccl_api.hpp" namespace "nncomm" nogil:
+    cdef cppclass NcclApi:
+        pass
+    Status load_nccl(const string& path, const NcclApi** api)
 
 
 cdef extern from "nncomm/wait.hpp" namespace "nncomm" nogil:

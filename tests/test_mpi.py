@@ -206,3 +206,10 @@ def test_cuda_context_arrays_take_the_gpu_path(n):
 @pytest.mark.parametrize("n", RANK_COUNTS)
 def test_distributed_solver_steps_as_one_process(n):
     run_worker("distributed_solver", n, timeout=120)
+
+
+@pytest.mark.parametrize("n", RANK_COUNTS)
+def test_objects(n):
+    # broadcast_parameters / _solver_state / _object, allgather_object and
+    # workers, is_main, is_capable, finalize.
+    run_worker("objects", n)

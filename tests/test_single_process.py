@@ -1,9 +1,11 @@
 """What needs no mpiexec: the factories, their nnabla aliases, the context
-check, and use before init(). Importing nncomm initialises MPI as a
-singleton (one rank), as for a script started with plain ``python``.
+check, use before init() and after finalize(), and is_capable. Importing
+nncomm initialises MPI as a singleton (one rank), as for a script started
+with plain ``python``.
 """
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import nnabla as nn
 from nnabla.ext_utils import get_extension_context
@@ -75,6 +77,11 @@ USES = {
     "bcast": lambda c: c.bcast(_array(), 0),
     "all_gather": lambda c: c.all_gather(_array(), [_array()]),
     "reduce_scatter": lambda c: c.reduce_scatter([_array()], _array()),
+    "workers": lambda c: c.workers(),
+    "current_worker": lambda c: c.current_worker(),
+    "is_main": lambda c: c.is_main(),
+    "broadcast_object": lambda c: nncomm.broadcast_object(c, 1),
+    "allgather_object": lambda c: nncomm.allgather_object(c, 1),
 }
 
 
@@ -82,6 +89,37 @@ USES = {
 def test_use_before_init_raises(use):
     with pytest.raises(RuntimeError, match=r"not initialized.*init\(\)"):
         USES[use](_uninitialised())
+
+
+@pytest.mark.parametrize("use", sorted(USES))
+def test_use_after_finalize_raises(use):
+    comm = _uninitialised()
+    comm.init()
+    comm.finalize()
+    comm.finalize()  # a second call does nothing
+    with pytest.raises(RuntimeError, match="finalized"):
+        USES[use](comm)
+
+
+def test_finalize_before_init_raises_and_init_after_it_too():
+    comm = _uninitialised()
+    with pytest.raises(RuntimeError, match="not initialized"):
+        comm.finalize()
+    comm.init()
+    comm.finalize()
+    with pytest.raises(RuntimeError, match="finalized"):
+        comm.init()
+
+
+def test_is_capable_needs_no_init():
+    comm = _uninitialised()
+    # This machine has no GPU; MPI runs with MPI_THREAD_MULTIPLE.
+    assert comm.is_capable("gpu") is False
+    assert comm.is_capable("nccl") is False
+    assert comm.is_capable("callback") is True
+    assert comm.is_capable("gradient_reducer") is True
+    with pytest.raises(ValueError, match="unknown capability 'tpu'.*gpu"):
+        comm.is_capable("tpu")
 
 
 def test_singleton_without_mpiexec():
@@ -99,3 +137,8 @@ def test_singleton_without_mpiexec():
     comm.all_gather(x, gathered)
     np.testing.assert_array_equal(gathered.data, [1.5, -2.0, 4.0])
     comm.barrier()
+    assert comm.is_main() and comm.workers() == [comm.current_worker()]
+    assert comm.current_worker() == nncomm.WorkerDescriptor(
+        0, MPI.Get_processor_name())
+    assert nncomm.broadcast_object(comm, {"a": None}) == {"a": None}
+    assert nncomm.allgather_object(comm, [1, (2,)]) == [[1, (2,)]]

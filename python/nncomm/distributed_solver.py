@@ -1,6 +1,7 @@
 """DistributedSolver: an nnabla solver whose gradients are all-reduced over
 a group of ranks during backward, as Horovod's ``DistributedOptimizer``
 wraps a framework's optimizer."""
+from nncomm.broadcast import broadcast_parameters, broadcast_solver_state
 from nncomm.compression import Compression, _WireDtype
 from nncomm.hooks import chain_hooks
 
@@ -84,8 +85,9 @@ class DistributedSolver:
 
     def set_parameters(self, param_dict, reset=True, retain_state=False):
         """Registers parameters with the wrapped solver (its own signature)
-        and broadcasts their values from the group's first rank, so that
-        every rank starts from the same model.
+        and broadcasts their values and the solver's state (as after
+        ``load_states`` on the first rank only) from the group's first
+        rank, so that every rank starts, or resumes, from the same model.
 
         Args:
             param_dict (dict): name -> :obj:`nnabla.Variable`, as from
@@ -97,8 +99,8 @@ class DistributedSolver:
         self._solver.set_parameters(param_dict, reset=reset,
                                     retain_state=retain_state)
         params = self._solver.get_parameters()
-        self._comm.bcast([v.data for v in params.values()], src=0,
-                         group=self._group)
+        broadcast_parameters(self._comm, params, group=self._group)
+        broadcast_solver_state(self._comm, self._solver, group=self._group)
         self._grads = [v.grad for v in params.values()]
         self._passes = 0
         self._reduced = False
