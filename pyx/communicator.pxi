@@ -641,7 +641,9 @@ cdef class Communicator:
         framework) but know when each gradient is final.
 
         Collective over the group: every rank makes its reducer with the
-        same gradients (number, sizes, dtypes) and `order`.
+        same gradients (number, sizes, dtypes) and `order`. Make it once
+        and reuse it every iteration: each reducer has an engine thread
+        and a communicator of its own, made with it.
 
         Args:
             data (list of :obj:`NdArray`, or of GPU arrays): The gradients:
