@@ -380,6 +380,40 @@ cdef class Communicator:
         all_reduce_list(g, data_list, self._ctx, self._cuda, division, 1.0,
                         not inplace)
 
+    def grouped_all_reduce(self, data_lists, bint division=False,
+                           group="world"):
+        """Horovod's grouped allreduce: :meth:`all_reduce` of each list of
+        arrays as one fused operation, the lists one after another.
+
+        Every array is checked before anything is communicated; an array in
+        two lists would be summed twice, and is refused.
+
+        Args:
+            data_lists (list of lists of :obj:`NdArray`): The groups of
+                arrays; each is reduced as ``all_reduce(list)`` reduces it.
+            division (bool): Average over the group instead of summing.
+            group (str): Name of a group.
+
+        Example:
+
+        .. code-block:: python
+
+            comm.grouped_all_reduce([[w1.grad, b1.grad], [w2.grad]])
+        """
+        cdef _Group g = self._member(group)
+        if not isinstance(data_lists, (list, tuple)):
+            raise TypeError(f"data_lists must be a list of lists of "
+                            f"arrays, not {type(data_lists).__name__}")
+        lists = [as_ndarray_list(d, f"data_lists[{i}]")
+                 for i, d in enumerate(data_lists)]
+        for i, arrays in enumerate(lists):
+            check_distinct(arrays, f"data_lists[{i}]")
+        check_distinct([x for arrays in lists for x in arrays],
+                       "data_lists (all lists together)")
+        for arrays in lists:
+            all_reduce_list(g, arrays, self._ctx, self._cuda, division, 1.0,
+                            True)
+
     def reduce(self, data, dst, bint division=False, bint inplace=False,
                group="world"):
         """Sums arrays of a group's ranks into rank ``dst``; the others keep

@@ -213,3 +213,8 @@ def test_objects(n):
     # broadcast_parameters / _solver_state / _object, allgather_object and
     # workers, is_main, is_capable, finalize.
     run_worker("objects", n)
+
+
+@pytest.mark.parametrize("n", (1, 3))
+def test_grouped_all_reduce(n):
+    run_worker("grouped", n)
