@@ -314,22 +314,13 @@ cdef class AllReduceCallback:
                                          "data", None))
 
     cdef int _ready(self, _Backward bw, Py_ssize_t i) except -1:
-        x = self.data[i]
-        dt = dtype_of(x)
-        code = _FLOAT_CODES.get(dt)
-        if code is None:
-            self._fail(bw, f"data[{i}] became {dt} during backward; "
-                       f"gradients must be float32, float16 or float64")
-        if code != bw.engine.codes[i]:
-            self.state.replan = True
-        if x.size != bw.engine.sizes[i]:
-            self._fail(bw, f"data[{i}] has {x.size} elements, "
-                       f"{bw.engine.sizes[i]} when this backward began "
-                       f"(reshaped during backward?)")
-        # A dtype other than planned is converted into and out of the
-        # bucket's this time.
-        cdef void* ptr = <void*><uintptr_t>x.data_ptr(dt, self.ctx)
-        bw.engine.engine.get().mark_ready(i, ptr, <DType><int>code)
+        error = bw.engine.mark_ndarray(
+            i, self.data[i], self.ctx, "during backward",
+            "when this backward began (reshaped during backward?)")
+        if error is not None:
+            self._fail(bw, error)
+        # The next backward plans for the dtypes the gradients have then.
+        self.state.replan = self.state.replan or bw.engine.converted
         return 0
 
     cdef int _flush(self, _Backward bw) except -1:

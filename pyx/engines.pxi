@@ -13,6 +13,26 @@ cdef class _Engine:
     cdef list unreached
     cdef tuple sizes
     cdef tuple codes  # per gradient: its dtype code when planned
+    cdef bint converted  # a gradient came in another dtype than planned
+
+    cdef str mark_ndarray(self, Py_ssize_t i, x, ctx, str when,
+                          str planned):
+        """Hands NdArray `x`, gradient `i`, to the engine at its memory now
+        (in context `ctx`); a dtype other than planned is converted into and
+        out of its bucket this time. Returns why it cannot be, or None:
+        `when` says when `x` changed, `planned` when it was planned."""
+        dt = dtype_of(x)
+        code = _FLOAT_CODES.get(dt)
+        if code is None:
+            return (f"data[{i}] became {dt} {when}; gradients must be "
+                    f"float32, float16 or float64")
+        if x.size != self.sizes[i]:
+            return (f"data[{i}] has {x.size} elements, {self.sizes[i]} "
+                    f"{planned}")
+        self.converted = self.converted or code != self.codes[i]
+        cdef void* ptr = <void*><uintptr_t>x.data_ptr(dt, ctx)
+        self.engine.get().mark_ready(i, ptr, <DType><int>code)
+        return None
 
 
 cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
@@ -164,24 +184,15 @@ cdef class GradientReducer:
             self._fail(f"gradient {index} was made ready twice in one "
                        f"iteration")
         self.marked[index] = 1
-        cdef void* ptr
-        cdef int code
         if self.fixed:
-            ptr = self.gpu.refs[index].ptr
-            code = <int>self.gpu.refs[index].dtype
-        else:
-            x = self.data[index]
-            dt = dtype_of(x)
-            code = _FLOAT_CODES.get(dt, -1)
-            if code < 0:
-                self._fail(f"data[{index}] became {dt}; gradients must be "
-                           f"float32, float16 or float64")
-            if x.size != self._engine.sizes[index]:
-                self._fail(f"data[{index}] has {x.size} elements, "
-                           f"{self._engine.sizes[index]} when the reducer "
-                           f"was made")
-            ptr = <void*><uintptr_t>x.data_ptr(dt, self.ctx)
-        self._engine.engine.get().mark_ready(index, ptr, <DType>code)
+            self._engine.engine.get().mark_ready(
+                index, self.gpu.refs[index].ptr, self.gpu.refs[index].dtype)
+            return
+        error = self._engine.mark_ndarray(
+            index, self.data[index], self.ctx, "since the reducer was made",
+            "when the reducer was made")
+        if error is not None:
+            self._fail(error)
 
     def fail(self, message):
         """Ends the iteration as failed on this rank: the remaining buckets
