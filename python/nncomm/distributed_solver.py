@@ -3,7 +3,9 @@ a group of ranks during backward, as Horovod's ``DistributedOptimizer``
 wraps a framework's optimizer."""
 from nncomm.broadcast import broadcast_parameters, broadcast_solver_state
 from nncomm.compression import Compression, _WireDtype
+from nncomm.graph import samples_in
 from nncomm.hooks import chain_hooks
+from nncomm.warm_start import WarmStart
 
 _OPS = ("average", "sum")
 
@@ -28,13 +30,30 @@ class DistributedSolver:
             ``none`` (the context's dtype), ``fp16`` or ``bf16``.
         op (str): ``"average"`` (default) divides the sum of the ranks'
             gradients by the group's size; ``"sum"`` keeps the sum.
+        gradient_predivide_factor (float): With ``op="average"``, the
+            gradients are multiplied by ``1 / factor`` before the sum and
+            by ``factor / size`` after it (Horovod's), so that a sum in
+            float16 stays in range; the result is the mean all the same.
+            A factor other than 1 costs a pass over the gradients.
         backward_passes_per_step (int): Backward passes between updates:
             the first ones accumulate locally (nnabla adds into the
             gradients), the last all-reduces the accumulated sum, as
             Horovod does. Call :meth:`zero_grad` once per update, not per
             pass.
+        groups: Horovod's grouped all-reduce: ``None`` (buckets of
+            `pack_size`), an int n (the parameters, in registration order,
+            cut into n groups of about as many parameters each) or a list
+            of lists of parameter Variables. Each group is reduced
+            together once all its gradients are final, in one fused
+            message (gradients of ``NNCOMM_DIRECT_BYTES`` or more travel
+            where they lie); the parameters in no group in buckets of
+            `pack_size`.
         pack_size (int): Elements per bucket of the reduction.
         group (str): Name of the communicator's group to reduce over.
+        distributed_after (int): CNTK's warm start: each rank trains its
+            first `distributed_after` samples alone, then the ranks
+            average their parameters and solver states once and train
+            data-parallel from there on.
 
     Example:
 
@@ -52,13 +71,26 @@ class DistributedSolver:
     """
 
     def __init__(self, solver, comm, compression=Compression.none,
-                 op="average", backward_passes_per_step=1, pack_size=2 << 20,
-                 group="world"):
+                 op="average", gradient_predivide_factor=1.0,
+                 backward_passes_per_step=1, groups=None, pack_size=2 << 20,
+                 group="world", distributed_after=0):
         if not isinstance(compression, _WireDtype):
             raise TypeError(f"compression must be one of nncomm.Compression's "
                             f"(none, fp16, bf16), not {compression!r}")
         if op not in _OPS:
             raise ValueError(f"op must be one of {_OPS}, not {op!r}")
+        predivide = float(gradient_predivide_factor)
+        if not predivide > 0:
+            raise ValueError(f"gradient_predivide_factor must be positive, "
+                             f"not {gradient_predivide_factor!r}")
+        if predivide != 1 and op != "average":
+            raise ValueError("gradient_predivide_factor splits an average; "
+                             "it needs op='average'")
+        if not (groups is None or isinstance(groups, (list, tuple)) or
+                isinstance(groups, int) and groups > 0
+                and not isinstance(groups, bool)):
+            raise ValueError(f"groups must be None, a positive int or a "
+                             f"list of lists of parameters, not {groups!r}")
         if not isinstance(backward_passes_per_step, int) or \
                 backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be a positive "
@@ -71,10 +103,15 @@ class DistributedSolver:
         self._comm = comm
         self._wire_dtype = compression.wire_dtype
         self._op = op
+        self._predivide = predivide
         self._passes_per_step = backward_passes_per_step
+        self._groups = groups
         self._pack_size = pack_size
         self._group = group
+        self._warm_start = WarmStart(distributed_after)
         self._grads = None
+        self._reductions = None  # (gradients, pack_size) per callback
+        self._samples = 0  # in the backward passes since the last update
         self._passes = 0      # backward passes since the last update
         self._reduced = False  # the last pass all-reduced every gradient
 
@@ -102,6 +139,7 @@ class DistributedSolver:
         broadcast_parameters(self._comm, params, group=self._group)
         broadcast_solver_state(self._comm, self._solver, group=self._group)
         self._grads = [v.grad for v in params.values()]
+        self._reductions = _reductions(params, self._groups, self._pack_size)
         self._passes = 0
         self._reduced = False
 
@@ -109,18 +147,22 @@ class DistributedSolver:
         """Zeroes the gradients and starts accumulating anew."""
         self._solver.zero_grad()
         self._passes = 0
+        self._samples = 0
         self._reduced = False
 
     def backward(self, loss, clear_buffer=False, function_post_hook=None,
-                 **kwargs):
+                 num_samples=None, **kwargs):
         """``loss.backward(...)`` with the gradients all-reduced on the
-        last pass of a step.
+        last pass of a step (during the warm start, without them).
 
         Args:
             loss (:obj:`nnabla.Variable`): The loss, after its forward.
             clear_buffer (bool): As :meth:`nnabla.Variable.backward`.
             function_post_hook (callable): The user's hook; it runs before
                 the reduction's for each function.
+            num_samples (int): Samples in this pass, counted towards
+                `distributed_after`; by default the first dimension of the
+                graph's data inputs.
             **kwargs: Passed on to :meth:`nnabla.Variable.backward`.
         """
         if self._grads is None:
@@ -131,21 +173,31 @@ class DistributedSolver:
                 f"{self._passes} backward passes since the last update, "
                 f"backward_passes_per_step={self._passes_per_step}; call "
                 f"update() (and zero_grad()) between steps")
+        distributed = self._warm_start.distributed
+        if not distributed:
+            self._samples += num_samples if num_samples is not None else \
+                samples_in(loss, self._solver.get_parameters().values())
         self._passes += 1
         self._reduced = False
+        last = self._passes == self._passes_per_step
         hook = function_post_hook
-        if self._passes == self._passes_per_step:
-            cb = self._comm.all_reduce_callback(
-                self._grads, self._pack_size,
-                division=self._op == "average", group=self._group,
+        if last and distributed:
+            hook = chain_hooks(hook, *[self._comm.all_reduce_callback(
+                grads, pack_size, division=self._op == "average",
+                group=self._group, scale_grad=1 / self._predivide,
                 wire_dtype=self._wire_dtype)
-            hook = chain_hooks(function_post_hook, cb)
+                for grads, pack_size in self._reductions])
         loss.backward(clear_buffer=clear_buffer, function_post_hook=hook,
                       **kwargs)
-        self._reduced = self._passes == self._passes_per_step
+        if last and distributed and self._predivide != 1:
+            for g in self._grads:
+                g *= self._predivide
+        self._reduced = last
 
     def update(self, **kwargs):
-        """Steps the wrapped solver on the all-reduced gradients.
+        """Steps the wrapped solver on the all-reduced gradients (during
+        the warm start, on this rank's own, and at its end averages the
+        model over the group).
 
         Raises:
             RuntimeError: the gradients were not all reduced: fewer
@@ -158,9 +210,47 @@ class DistributedSolver:
                 f"{self._passes_per_step} backward passes completed since "
                 f"the last update); update() would step this rank alone")
         self._solver.update(**kwargs)
+        if not self._warm_start.distributed:
+            self._warm_start.trained(self._samples, self._comm,
+                                     self._solver, self._group)
         self._passes = 0
+        self._samples = 0
         self._reduced = False
 
     def __getattr__(self, name):
         # Everything else is the wrapped solver's.
         return getattr(self._solver, name)
+
+
+def _reductions(params, groups, pack_size):
+    """(gradients, pack size) per all-reduce callback: one per group, in a
+    single bucket, and one for the parameters in none."""
+    variables = list(params.values())
+    if groups is None:
+        return [([v.grad for v in variables], pack_size)]
+    if isinstance(groups, int):
+        size, extra = divmod(len(variables), groups)
+        starts = [i * size + min(i, extra) for i in range(groups + 1)]
+        groups = [variables[a:b] for a, b in zip(starts, starts[1:])]
+    names = {v.data: name for name, v in params.items()}
+    grouped = set()
+    reductions = []
+    for i, members in enumerate(groups):
+        if not isinstance(members, (list, tuple)):
+            raise TypeError(f"groups[{i}] must be a list of parameters, "
+                            f"not {type(members).__name__}")
+        for v in members:
+            name = names.get(getattr(v, "data", None))
+            if name is None:
+                raise ValueError(f"groups[{i}] holds {v!r}, which is not a "
+                                 f"parameter given to set_parameters")
+            if name in grouped:
+                raise ValueError(f"parameter {name!r} is in two groups")
+            grouped.add(name)
+        if members:
+            reductions.append(([v.grad for v in members],
+                               max(1, sum(v.size for v in members))))
+    rest = [v.grad for name, v in params.items() if name not in grouped]
+    if rest:
+        reductions.append((rest, pack_size))
+    return reductions

@@ -118,3 +118,39 @@ def analyze(root, positions):
         consumers[f] = (len(functions), tuple(written))
         functions.append(f)
     return BackwardGraph(consumers, counts, functions, watched)
+
+
+def samples_in(loss, parameters):
+    """The number of samples `loss` was computed on: the first dimension of
+    the graph's data inputs (its leaves other than `parameters`).
+
+    Args:
+        loss (nnabla.Variable): The output of a forward.
+        parameters (iterable of nnabla.Variable): The model's parameters,
+            left out of the inputs.
+
+    Returns:
+        int
+
+    Raises:
+        ValueError: the graph has no data input, or its inputs disagree
+            on the first dimension; then only the caller knows.
+    """
+    params = {v.data for v in parameters}
+    sizes = set()
+    stack = [loss.parent] if loss.parent is not None else []
+    opened = set(stack)
+    while stack:
+        for v in stack.pop().inputs:
+            if v.parent is None:
+                if v.data not in params and v.shape:
+                    sizes.add(v.shape[0])
+            elif v.parent not in opened:
+                opened.add(v.parent)
+                stack.append(v.parent)
+    if len(sizes) != 1:
+        raise ValueError(
+            f"cannot tell the number of samples from the graph: its data "
+            f"inputs have first dimensions {sorted(sizes)}; pass "
+            f"num_samples=")
+    return sizes.pop()

@@ -11,7 +11,10 @@ rounding after every step.
 
 Cases: op average and sum, Momentum and Adam, fp16 and bf16 compression
 (to 16-bit precision), backward_passes_per_step 2
-(two passes on halves of the slice), a sub-group, a user hook chained;
+(two passes on halves of the slice), a sub-group, a user hook chained,
+gradient_predivide_factor, groups (an int and by hand), and the warm
+start (distributed_after: the reference trains each rank's model alone
+in-process first, then averages parameters and solver states);
 misuse raising before any communication: update() without the reducing
 backward, too many passes, a bad op, backward before set_parameters.
 """
@@ -52,7 +55,8 @@ def batch(step):
 
 
 def run(ck, comm, what, make_solver, op="average", passes=1,
-        group="world", compression=nncomm.Compression.none, tol=2e-5):
+        group="world", compression=nncomm.Compression.none, tol=2e-5,
+        warm_steps=0, groups=None, **options):
     ranks = comm.find_group(group)
     if comm.rank not in ranks:
         return
@@ -61,16 +65,21 @@ def run(ck, comm, what, make_solver, op="average", passes=1,
     shard = BATCH // size // passes
     total = op == "sum"
     x, t, loss, params = mlp("dist", shard, comm.rank, total)
-    solver = nncomm.DistributedSolver(make_solver(), comm,
-                                      compression=compression, op=op,
-                                      backward_passes_per_step=passes,
-                                      group=group)
+    if callable(groups):
+        groups = groups(params)
+    solver = nncomm.DistributedSolver(
+        make_solver(), comm, compression=compression, op=op,
+        backward_passes_per_step=passes, group=group, groups=groups,
+        distributed_after=warm_steps * shard * passes, **options)
     solver.set_parameters(params)
     rx, rt, rloss, rparams = mlp("ref", BATCH, 0, total)
     for name, v in params.items():
         rparams[name].d = v.d
     reference = make_solver()
     reference.set_parameters(rparams)
+    if warm_steps:
+        alone(make_solver, params, reference, size, shard * passes,
+              passes, warm_steps)
     # Averaging over the ranks of sums over `passes` slices gives `passes`
     # times the batch mean.
     scale = passes if op == "average" else 1
@@ -87,6 +96,8 @@ def run(ck, comm, what, make_solver, op="average", passes=1,
             solver.backward(loss, clear_buffer=True,
                             function_post_hook=calls.append)
         solver.update()
+        if step < warm_steps:
+            continue  # `alone` computed where the warm start ends
         rx.d, rt.d = xs, ts
         rscaled.forward()
         reference.zero_grad()
@@ -101,6 +112,39 @@ def run(ck, comm, what, make_solver, op="average", passes=1,
     ck.true(len(calls) > 0, f"{what}: the user's hook ran")
 
 
+def alone(make_solver, params, reference, size, shard, passes, steps):
+    """The warm start in one process: each rank's model (from the shared
+    start) trained alone on its slice for `steps` steps (`passes` times
+    the mean gradient, as its passes accumulate), then the mean of their
+    parameters and solver states put into `reference`."""
+    models = []
+    for r in range(size):
+        x, t, loss, local = mlp(f"alone{r}", shard, 0, False)
+        loss = loss * passes
+        for name, v in params.items():
+            local[name].d = v.d
+        solver = make_solver()
+        solver.set_parameters(local)
+        for step in range(steps):
+            xs, ts = batch(step)
+            x.d, t.d = xs[r * shard:(r + 1) * shard], \
+                ts[r * shard:(r + 1) * shard]
+            loss.forward()
+            solver.zero_grad()
+            loss.backward(clear_buffer=True)
+            solver.update()
+        models.append((local, solver.get_states()))
+    for name, v in reference.get_parameters().items():
+        v.d = np.mean([local[name].d for local, _ in models], axis=0)
+    states = reference.get_states()
+    for name, state in states.items():
+        state.t = models[0][1][name].t
+        for key, v in state.pstate.items():
+            v.d = np.mean([s[name].pstate[key].d for _, s in models],
+                          axis=0)
+    reference.set_states(states)
+
+
 def misuse(ck, comm):
     nn.clear_parameters()
     x, t, loss, params = mlp("misuse", 4, 1, False)
@@ -112,6 +156,22 @@ def misuse(ck, comm):
     ck.raises(ValueError, "positive", "no passes",
               nncomm.DistributedSolver, S.Sgd(0.1), comm,
               backward_passes_per_step=0)
+    ck.raises(ValueError, "needs op='average'", "predivide with sum",
+              nncomm.DistributedSolver, S.Sgd(0.1), comm, op="sum",
+              gradient_predivide_factor=2)
+    ck.raises(ValueError, "must be positive", "predivide 0",
+              nncomm.DistributedSolver, S.Sgd(0.1), comm,
+              gradient_predivide_factor=0)
+    ck.raises(ValueError, "groups must be", "groups 0",
+              nncomm.DistributedSolver, S.Sgd(0.1), comm, groups=0)
+    ck.raises(ValueError, "non-negative", "distributed_after -1",
+              nncomm.DistributedSolver, S.Sgd(0.1), comm,
+              distributed_after=-1)
+    for groups, match in (([[x]], "not a parameter"),
+                          ([list(params.values())[:2]] * 2, "two groups")):
+        grouped = nncomm.DistributedSolver(S.Sgd(0.1), comm, groups=groups)
+        ck.raises(ValueError, match, f"groups: {match}",
+                  grouped.set_parameters, params)
     solver = nncomm.DistributedSolver(S.Sgd(0.1), comm,
                                       backward_passes_per_step=2)
     loss.forward()
@@ -142,6 +202,17 @@ def main():
         compression=nncomm.Compression.fp16, tol=5e-3)
     run(ck, comm, "average Momentum, bf16", lambda: S.Momentum(0.1, 0.9),
         compression=nncomm.Compression.bf16, tol=3e-2)
+    run(ck, comm, "average Momentum, predivide 4",
+        lambda: S.Momentum(0.1, 0.9), gradient_predivide_factor=4.0)
+    run(ck, comm, "average Adam, 2 groups", lambda: S.Adam(0.01), groups=2)
+    run(ck, comm, "average Momentum, groups by hand",
+        lambda: S.Momentum(0.1, 0.9),
+        groups=lambda p: [[p["a/affine/W"], p["c/affine/b"]],
+                          [p["b/affine/W"]]])
+    run(ck, comm, "average Momentum, 2 steps alone",
+        lambda: S.Momentum(0.1, 0.9), warm_steps=2)
+    run(ck, comm, "average Adam, 2 passes, 1 step alone",
+        lambda: S.Adam(0.01), passes=2, warm_steps=1)
     if comm.size >= 2:
         pair = [comm.size - 1, 0]
         comm.new_group(("pair", pair))
