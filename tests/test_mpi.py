@@ -218,3 +218,8 @@ def test_objects(n):
 @pytest.mark.parametrize("n", (1, 3))
 def test_grouped_all_reduce(n):
     run_worker("grouped", n)
+
+
+@pytest.mark.parametrize("n", (2, 4))
+def test_schemes_converge_on_digits(n):
+    run_worker("convergence", n, timeout=240)
