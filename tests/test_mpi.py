@@ -223,3 +223,8 @@ def test_grouped_all_reduce(n):
 @pytest.mark.parametrize("n", (2, 4))
 def test_schemes_converge_on_digits(n):
     run_worker("convergence", n, timeout=240)
+
+
+@pytest.mark.parametrize("n", RANK_COUNTS)
+def test_sparse_gradients(n):
+    run_worker("sparse", n)

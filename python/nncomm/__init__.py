@@ -24,6 +24,7 @@ _LAZY = {
     "broadcast_parameters": "nncomm.broadcast",
     "broadcast_solver_state": "nncomm.broadcast",
     "chain_hooks": "nncomm.hooks",
+    "sparse_all_reduce": "nncomm.sparse",
     "communicators": "nncomm.communicators",
 }
 

@@ -1,10 +1,13 @@
 """DistributedSolver: an nnabla solver whose gradients are all-reduced over
 a group of ranks during backward, as Horovod's ``DistributedOptimizer``
 wraps a framework's optimizer."""
+import numpy as np
+
 from nncomm.broadcast import broadcast_parameters, broadcast_solver_state
 from nncomm.compression import Compression, _WireDtype
 from nncomm.graph import samples_in
 from nncomm.hooks import chain_hooks
+from nncomm.sparse import embedding_indices, sparse_all_reduce, touched_rows
 from nncomm.warm_start import WarmStart
 
 _OPS = ("average", "sum")
@@ -54,6 +57,10 @@ class DistributedSolver:
             first `distributed_after` samples alone, then the ranks
             average their parameters and solver states once and train
             data-parallel from there on.
+        sparse_as_dense (bool): Reduce embedding tables (parameters the
+            graph uses only through ``Embed``) densely. By default their
+            gradients are reduced as the rows the step's indices touched
+            (:func:`nncomm.sparse_all_reduce`), after backward.
 
     Example:
 
@@ -73,7 +80,7 @@ class DistributedSolver:
     def __init__(self, solver, comm, compression=Compression.none,
                  op="average", gradient_predivide_factor=1.0,
                  backward_passes_per_step=1, groups=None, pack_size=2 << 20,
-                 group="world", distributed_after=0):
+                 group="world", distributed_after=0, sparse_as_dense=False):
         if not isinstance(compression, _WireDtype):
             raise TypeError(f"compression must be one of nncomm.Compression's "
                             f"(none, fp16, bf16), not {compression!r}")
@@ -109,8 +116,12 @@ class DistributedSolver:
         self._pack_size = pack_size
         self._group = group
         self._warm_start = WarmStart(distributed_after)
-        self._grads = None
-        self._reductions = None  # (gradients, pack_size) per callback
+        self._sparse_as_dense = sparse_as_dense
+        self._params = None
+        self._reductions = {}  # tables reduced sparsely -> callbacks' lists
+        self._graph = (None, {}, set())  # loss, its tables, dense uses
+        self._rows = {}  # table -> rows touched in this step's passes
+        self._dense = set()  # parameters used densely in this step
         self._samples = 0  # in the backward passes since the last update
         self._passes = 0      # backward passes since the last update
         self._reduced = False  # the last pass all-reduced every gradient
@@ -138,17 +149,15 @@ class DistributedSolver:
         params = self._solver.get_parameters()
         broadcast_parameters(self._comm, params, group=self._group)
         broadcast_solver_state(self._comm, self._solver, group=self._group)
-        self._grads = [v.grad for v in params.values()]
-        self._reductions = _reductions(params, self._groups, self._pack_size)
-        self._passes = 0
-        self._reduced = False
+        self._params = params
+        _reductions(params, self._groups, self._pack_size)  # checks groups
+        self._reductions = {}
+        self._new_step()
 
     def zero_grad(self):
         """Zeroes the gradients and starts accumulating anew."""
         self._solver.zero_grad()
-        self._passes = 0
-        self._samples = 0
-        self._reduced = False
+        self._new_step()
 
     def backward(self, loss, clear_buffer=False, function_post_hook=None,
                  num_samples=None, **kwargs):
@@ -165,7 +174,7 @@ class DistributedSolver:
                 graph's data inputs.
             **kwargs: Passed on to :meth:`nnabla.Variable.backward`.
         """
-        if self._grads is None:
+        if self._params is None:
             raise RuntimeError("set_parameters() first: the solver has no "
                                "parameters to reduce")
         if self._passes == self._passes_per_step:
@@ -176,23 +185,36 @@ class DistributedSolver:
         distributed = self._warm_start.distributed
         if not distributed:
             self._samples += num_samples if num_samples is not None else \
-                samples_in(loss, self._solver.get_parameters().values())
+                samples_in(loss, self._params.values())
+        elif not self._sparse_as_dense:
+            self._note_rows(loss)  # before clear_buffer can free indices
         self._passes += 1
         self._reduced = False
         last = self._passes == self._passes_per_step
-        hook = function_post_hook
-        if last and distributed:
-            hook = chain_hooks(hook, *[self._comm.all_reduce_callback(
-                grads, pack_size, division=self._op == "average",
-                group=self._group, scale_grad=1 / self._predivide,
-                wire_dtype=self._wire_dtype)
-                for grads, pack_size in self._reductions])
+        if not (last and distributed):
+            loss.backward(clear_buffer=clear_buffer,
+                          function_post_hook=function_post_hook, **kwargs)
+            self._reduced = last
+            return
+        tables = {name: rows for name, rows in self._rows.items()
+                  if name not in self._dense}
+        dense = self._dense_reductions(frozenset(tables))
+        division = self._op == "average"
+        hook = chain_hooks(function_post_hook, *[
+            self._comm.all_reduce_callback(
+                grads, pack_size, division=division, group=self._group,
+                scale_grad=1 / self._predivide, wire_dtype=self._wire_dtype)
+            for grads, pack_size in dense])
         loss.backward(clear_buffer=clear_buffer, function_post_hook=hook,
                       **kwargs)
-        if last and distributed and self._predivide != 1:
-            for g in self._grads:
-                g *= self._predivide
-        self._reduced = last
+        if self._predivide != 1:
+            for grads, _ in dense:
+                for g in grads:
+                    g *= self._predivide
+        for name, rows in tables.items():
+            sparse_all_reduce(self._comm, self._params[name].grad, rows,
+                              division, self._group)
+        self._reduced = True
 
     def update(self, **kwargs):
         """Steps the wrapped solver on the all-reduced gradients (during
@@ -213,22 +235,51 @@ class DistributedSolver:
         if not self._warm_start.distributed:
             self._warm_start.trained(self._samples, self._comm,
                                      self._solver, self._group)
+        self._new_step()
+
+    def _new_step(self):
         self._passes = 0
         self._samples = 0
+        self._rows = {}
+        self._dense = set()
         self._reduced = False
+
+    def _note_rows(self, loss):
+        """Adds the rows this pass touches in each embedding table, and the
+        parameters it uses densely: a table is reduced sparsely only when
+        every pass of the step used it as one."""
+        if self._graph[0] is not loss:
+            self._graph = (loss, *embedding_indices(loss, self._params))
+        _, tables, dense = self._graph
+        self._dense |= dense
+        for name, indices in tables.items():
+            rows = touched_rows(indices)
+            seen = self._rows.get(name)
+            self._rows[name] = rows if seen is None else \
+                np.union1d(seen, rows)
+
+    def _dense_reductions(self, tables):
+        """(gradients, pack size) per callback, `tables` left out."""
+        lists = self._reductions.get(tables)
+        if lists is None:
+            lists = _reductions(self._params, self._groups, self._pack_size,
+                                tables)
+            self._reductions[tables] = lists
+        return lists
 
     def __getattr__(self, name):
         # Everything else is the wrapped solver's.
         return getattr(self._solver, name)
 
 
-def _reductions(params, groups, pack_size):
+def _reductions(params, groups, pack_size, skip=frozenset()):
     """(gradients, pack size) per all-reduce callback: one per group, in a
-    single bucket, and one for the parameters in none."""
-    variables = list(params.values())
+    single bucket, and one for the parameters in none; the parameters named
+    in `skip` (reduced otherwise) left out."""
     if groups is None:
-        return [([v.grad for v in variables], pack_size)]
-    if isinstance(groups, int):
+        groups = []
+    elif isinstance(groups, int):
+        variables = [v for name, v in params.items() if name not in skip]
         size, extra = divmod(len(variables), groups)
         starts = [i * size + min(i, extra) for i in range(groups + 1)]
         groups = [variables[a:b] for a, b in zip(starts, starts[1:])]
@@ -239,6 +290,7 @@ def _reductions(params, groups, pack_size):
         if not isinstance(members, (list, tuple)):
             raise TypeError(f"groups[{i}] must be a list of parameters, "
                             f"not {type(members).__name__}")
+        kept = []
         for v in members:
             name = names.get(getattr(v, "data", None))
             if name is None:
@@ -247,10 +299,13 @@ def _reductions(params, groups, pack_size):
             if name in grouped:
                 raise ValueError(f"parameter {name!r} is in two groups")
             grouped.add(name)
-        if members:
-            reductions.append(([v.grad for v in members],
-                               max(1, sum(v.size for v in members))))
-    rest = [v.grad for name, v in params.items() if name not in grouped]
+            if name not in skip:
+                kept.append(v)
+        if kept:
+            reductions.append(([v.grad for v in kept],
+                               max(1, sum(v.size for v in kept))))
+    rest = [v.grad for name, v in params.items()
+            if name not in grouped and name not in skip]
     if rest:
         reductions.append((rest, pack_size))
     return reductions
