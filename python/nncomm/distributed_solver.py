@@ -1,16 +1,14 @@
 """DistributedSolver: an nnabla solver whose gradients are all-reduced over
 a group of ranks during backward, as Horovod's ``DistributedOptimizer``
 wraps a framework's optimizer."""
-from nncomm.broadcast import broadcast_parameters, broadcast_solver_state
 from nncomm.compression import Compression, _WireDtype
-from nncomm.graph import samples_in
 from nncomm.hooks import chain_hooks
-from nncomm.warm_start import WarmStart
+from nncomm.solver_wrapper import SolverWrapper
 
 _OPS = ("average", "sum")
 
 
-class DistributedSolver:
+class DistributedSolver(SolverWrapper):
     """Wraps an nnabla solver so that every rank steps with the gradients
     of all ranks: Horovod's ``DistributedOptimizer`` in nnabla's idiom.
 
@@ -95,30 +93,18 @@ class DistributedSolver:
                 backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be a positive "
                              f"int, not {backward_passes_per_step!r}")
-        ranks = comm.find_group(group)
-        if comm.rank not in ranks:
-            raise ValueError(f"this rank ({comm.rank}) is not in group "
-                             f"{group!r} (ranks {ranks})")
-        self._solver = solver
-        self._comm = comm
+        super().__init__(solver, comm, group, distributed_after)
         self._wire_dtype = compression.wire_dtype
         self._op = op
         self._predivide = predivide
         self._passes_per_step = backward_passes_per_step
         self._groups = groups
         self._pack_size = pack_size
-        self._group = group
-        self._warm_start = WarmStart(distributed_after)
         self._grads = None
         self._reductions = None  # (gradients, pack_size) per callback
         self._samples = 0  # in the backward passes since the last update
         self._passes = 0      # backward passes since the last update
         self._reduced = False  # the last pass all-reduced every gradient
-
-    @property
-    def solver(self):
-        """:obj:`nnabla.solver.Solver`: the wrapped solver."""
-        return self._solver
 
     def set_parameters(self, param_dict, reset=True, retain_state=False):
         """Registers parameters with the wrapped solver (its own signature)
@@ -133,11 +119,7 @@ class DistributedSolver:
             retain_state (bool): As
                 :meth:`nnabla.solver.Solver.set_parameters`.
         """
-        self._solver.set_parameters(param_dict, reset=reset,
-                                    retain_state=retain_state)
-        params = self._solver.get_parameters()
-        broadcast_parameters(self._comm, params, group=self._group)
-        broadcast_solver_state(self._comm, self._solver, group=self._group)
+        params = self._register(param_dict, reset, retain_state)
         self._grads = [v.grad for v in params.values()]
         self._reductions = _reductions(params, self._groups, self._pack_size)
         self._passes = 0
@@ -175,8 +157,7 @@ class DistributedSolver:
                 f"update() (and zero_grad()) between steps")
         distributed = self._warm_start.distributed
         if not distributed:
-            self._samples += num_samples if num_samples is not None else \
-                samples_in(loss, self._solver.get_parameters().values())
+            self._samples += self._samples_of(loss, num_samples)
         self._passes += 1
         self._reduced = False
         last = self._passes == self._passes_per_step
@@ -216,10 +197,6 @@ class DistributedSolver:
         self._passes = 0
         self._samples = 0
         self._reduced = False
-
-    def __getattr__(self, name):
-        # Everything else is the wrapped solver's.
-        return getattr(self._solver, name)
 
 
 def _reductions(params, groups, pack_size):
