@@ -21,9 +21,10 @@ Cases, each over three blocks or more: the defaults (Nesterov, reset,
 default time constant), without Nesterov, without the reset, a given time
 constant with a block learning rate of 0.8, a block_size that is a multiple
 of neither the batch nor the group's size, Adam (both moments reset, t
-kept), two backward passes per update with num_samples given, the warm
-start (distributed_after), a sub-group; misuse raising, on every rank where
-the call is collective.
+kept), batches of different sizes on different ranks (the momentum from
+the group's sum of samples), two backward passes per update with
+num_samples given, the warm start (distributed_after), a sub-group; misuse
+raising, on every rank where the call is collective.
 """
 import math
 
@@ -67,10 +68,11 @@ class Group:
     """The group simulated in one process: each rank's model and solver,
     the block's start w and the block-level update Delta, in float64."""
 
-    def __init__(self, size, rows, make_solver, start, options):
+    def __init__(self, rows, make_solver, start, options):
+        size = len(rows)
         self.models, self.solvers = [], []
         for r in range(size):
-            x, t, loss, params = mlp(f"sim{r}", rows, 0)
+            x, t, loss, params = mlp(f"sim{r}", rows[r], 0)
             for name, v in params.items():
                 v.d = start[name]
             solver = make_solver()
@@ -91,13 +93,14 @@ class Group:
         self.reset = options.get("reset_sgd_momentum_after_aggregation",
                                  True)
         self.rate = options.get("block_learning_rate", 1.0)
-        self.in_block = 0
+        self.in_block = [0] * size  # each rank's samples in the block
 
     def step(self, step, passes, counted):
+        """Every rank's update at `step`, counting `counted[r]` samples."""
         for r, ((x, t, loss, _), solver) in enumerate(
                 zip(self.models, self.solvers)):
             train(x, t, loss, solver, step, r, passes, None)
-        self.in_block += counted
+        self.in_block = [c + k for c, k in zip(self.in_block, counted)]
 
     def average(self):
         """The end of the warm start: every model and solver state set to
@@ -113,9 +116,10 @@ class Group:
                 for s in states:
                     s[name].pstate[key].d = mean
         self.set_models()
+        self.in_block = [0] * self.size
 
     def synchronize(self):
-        n = self.in_block * self.size
+        n = sum(self.in_block)
         m = math.exp(-n / self.tau) if self.tau else 0.0
         for k in self.names:
             g = sum(self.w[k] - p[k].d for _, _, _, p in self.models)
@@ -129,7 +133,7 @@ class Group:
                 for state in solver.get_states().values():
                     for v in state.pstate.values():
                         v.d = 0
-        self.in_block = 0
+        self.in_block = [0] * self.size
 
     def set_models(self):
         for _, _, _, params in self.models:
@@ -139,34 +143,40 @@ class Group:
 
 def run(ck, comm, what, make_solver, options, batch=4, steps=7,
         warm_steps=0, passes=1, count=None, group="world", factory=False):
-    """`what`: `steps` updates of batch `batch` per rank after
-    `warm_steps` alone; `options` as BlockMomentumSolver takes them, with
-    `block_size` a function of the group's size; `count`: num_samples per
-    pass (None: counted from the graph)."""
+    """`what`: `steps` updates of batch `batch` (an int, or a function of
+    the group rank) per rank after `warm_steps` alone; `options` as
+    BlockMomentumSolver takes them, with `block_size` a function of the
+    group's size; `count`: num_samples per pass (None: counted from the
+    graph)."""
     ranks = comm.find_group(group)
     if comm.rank not in ranks:
         return
     size, me = len(ranks), ranks.index(comm.rank)
     options = dict(options, block_size=options["block_size"](size))
-    rows = batch // passes
-    counted = (rows if count is None else count) * passes
+    rows = [(batch(r) if callable(batch) else batch) // passes
+            for r in range(size)]
+    counted = [(k if count is None else count) * passes for k in rows]
     nn.clear_parameters()
-    x, t, loss, params = mlp("bmuf", rows, comm.rank)
+    x, t, loss, params = mlp("bmuf", rows[me], comm.rank)
     make = nncomm.block_momentum_solver if factory else \
         nncomm.BlockMomentumSolver
     solver = make(make_solver(), comm, group=group,
-                  distributed_after=warm_steps * counted, **options)
+                  distributed_after=warm_steps * counted[me], **options)
     solver.set_parameters(params)
-    sim = Group(size, rows, make_solver,
+    sim = Group(rows, make_solver,
                 {k: v.d.copy() for k, v in params.items()}, options)
     syncs = 0
     for step in range(warm_steps + steps):
         train(x, t, loss, solver, step, me, passes, count)
         sim.step(step, passes, counted)
+        reached = [c >= sim.period for c in sim.in_block]
         if step + 1 == warm_steps:
             sim.average()
-            sim.in_block = 0
-        elif step >= warm_steps and sim.in_block >= sim.period:
+        elif step >= warm_steps and any(reached):
+            # Otherwise the ranks' all-reduces would pair out of step,
+            # which the reference does not follow.
+            ck.true(all(reached), f"{what}: step {step}: the case ends "
+                    f"every rank's block at the same update")
             sim.synchronize()
             syncs += 1
         at = f"{what}: step {step}"
@@ -277,6 +287,10 @@ def main():
     run(ck, comm, "block_size a multiple of neither batch nor N", momentum,
         {"block_size": lambda n: 9 * n - 1}, batch=3, steps=10)
     run(ck, comm, "Adam", lambda: S.Adam(0.01), every2)
+    # Batches of 4 and 5 by turns: the ranks synchronize at the second
+    # update with 8 and 10 samples; every rank takes the group's sum.
+    run(ck, comm, "batches differing between ranks", momentum, every2,
+        batch=lambda r: 4 + r % 2)
     # Two passes of 2 rows, 3 samples each as the caller counts them: 6 per
     # update, so that 8 are reached at the second.
     run(ck, comm, "2 passes, num_samples", momentum, every2, passes=2,
