@@ -184,17 +184,9 @@ class BlockMomentumSolver(SolverWrapper):
         self._passes = 0     # backward passes since the last update
 
     def set_parameters(self, param_dict, reset=True, retain_state=False):
-        """Registers parameters with the wrapped solver (its own signature),
-        broadcasts their values and the solver's state from the group's
-        first rank, and starts the first block from them. The ranks first
-        check that they pass the same settings.
-
-        Args:
-            param_dict (dict): name -> :obj:`nnabla.Variable`, as from
-                ``nn.get_parameters()``.
-            reset (bool): As :meth:`nnabla.solver.Solver.set_parameters`.
-            retain_state (bool): As
-                :meth:`nnabla.solver.Solver.set_parameters`.
+        """As :meth:`nncomm.DistributedSolver.set_parameters`, once the
+        ranks have checked that they pass the same settings; the first
+        block starts from the parameters.
 
         Raises:
             ValueError: On every rank of the group, when the ranks'
@@ -212,7 +204,9 @@ class BlockMomentumSolver(SolverWrapper):
             raise ValueError(
                 f"BlockMomentumSolver: the ranks of group {self._group!r} "
                 f"must train alike, and pass different " + "; ".join(differ))
-        params = self._register(param_dict, reset, retain_state)
+        super().set_parameters(param_dict, reset, retain_state)
+
+    def _registered(self, params):
         # By name, as every rank pairs them in the all-reduce.
         self._params = [params[name].data for name in sorted(params)]
         self._start = [nn.NdArray(p.shape).copy_from(p)

@@ -106,20 +106,7 @@ class DistributedSolver(SolverWrapper):
         self._passes = 0      # backward passes since the last update
         self._reduced = False  # the last pass all-reduced every gradient
 
-    def set_parameters(self, param_dict, reset=True, retain_state=False):
-        """Registers parameters with the wrapped solver (its own signature)
-        and broadcasts their values and the solver's state (as after
-        ``load_states`` on the first rank only) from the group's first
-        rank, so that every rank starts, or resumes, from the same model.
-
-        Args:
-            param_dict (dict): name -> :obj:`nnabla.Variable`, as from
-                ``nn.get_parameters()``.
-            reset (bool): As :meth:`nnabla.solver.Solver.set_parameters`.
-            retain_state (bool): As
-                :meth:`nnabla.solver.Solver.set_parameters`.
-        """
-        params = self._register(param_dict, reset, retain_state)
+    def _registered(self, params):
         self._grads = [v.grad for v in params.values()]
         self._reductions = _reductions(params, self._groups, self._pack_size)
         self._passes = 0

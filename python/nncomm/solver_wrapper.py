@@ -11,7 +11,8 @@ from nncomm.warm_start import WarmStart
 
 class SolverWrapper:
     """The base of :class:`nncomm.DistributedSolver` and
-    :class:`nncomm.BlockMomentumSolver`.
+    :class:`nncomm.BlockMomentumSolver`, which take note of the parameters
+    :meth:`set_parameters` registers in ``_registered``.
 
     Args:
         solver (:obj:`nnabla.solver.Solver`): The solver to wrap.
@@ -40,19 +41,30 @@ class SolverWrapper:
         """:obj:`nnabla.solver.Solver`: the wrapped solver."""
         return self._solver
 
-    def _register(self, param_dict, reset, retain_state):
-        """The wrapped solver's ``set_parameters``, then the first rank's
-        parameter values and solver state on every rank of the group.
+    def set_parameters(self, param_dict, reset=True, retain_state=False):
+        """Registers parameters with the wrapped solver (its own signature)
+        and broadcasts their values and the solver's state (as after
+        ``load_states`` on the first rank only) from the group's first
+        rank, so that every rank starts, or resumes, from the same model.
 
-        Returns:
-            dict: The registered parameters, name to Variable.
+        Args:
+            param_dict (dict): name -> :obj:`nnabla.Variable`, as from
+                ``nn.get_parameters()``.
+            reset (bool): As :meth:`nnabla.solver.Solver.set_parameters`.
+            retain_state (bool): As
+                :meth:`nnabla.solver.Solver.set_parameters`.
         """
         self._solver.set_parameters(param_dict, reset=reset,
                                     retain_state=retain_state)
         params = self._solver.get_parameters()
         broadcast_parameters(self._comm, params, group=self._group)
         broadcast_solver_state(self._comm, self._solver, group=self._group)
-        return params
+        self._registered(params)
+
+    def _registered(self, params):
+        """Takes note of `params` (name to Variable), now registered and the
+        same on every rank."""
+        raise NotImplementedError
 
     def _samples_of(self, loss, num_samples):
         """`num_samples`, checked, or else the number of samples the graph
