@@ -271,6 +271,7 @@ class BlockMomentumSolver(SolverWrapper):
             self._synchronize()
 
     def _synchronize(self):
+        """The block's end: the formula of the class's docstring."""
         for w, p in zip(self._start, self._params):
             p *= -1
             p += w
