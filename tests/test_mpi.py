@@ -209,6 +209,11 @@ def test_distributed_solver_steps_as_one_process(n):
 
 
 @pytest.mark.parametrize("n", RANK_COUNTS)
+def test_block_momentum_solver_matches_bmuf_reference(n):
+    run_worker("block_momentum", n, timeout=120)
+
+
+@pytest.mark.parametrize("n", RANK_COUNTS)
 def test_objects(n):
     # broadcast_parameters / _solver_state / _object, allgather_object and
     # workers, is_main, is_capable, finalize.

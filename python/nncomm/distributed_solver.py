@@ -3,17 +3,15 @@ a group of ranks during backward, as Horovod's ``DistributedOptimizer``
 wraps a framework's optimizer."""
 import numpy as np
 
-from nncomm.broadcast import broadcast_parameters, broadcast_solver_state
 from nncomm.compression import Compression, _WireDtype
-from nncomm.graph import samples_in
 from nncomm.hooks import chain_hooks
+from nncomm.solver_wrapper import SolverWrapper
 from nncomm.sparse import embedding_indices, sparse_all_reduce, touched_rows
-from nncomm.warm_start import WarmStart
 
 _OPS = ("average", "sum")
 
 
-class DistributedSolver:
+class DistributedSolver(SolverWrapper):
     """Wraps an nnabla solver so that every rank steps with the gradients
     of all ranks: Horovod's ``DistributedOptimizer`` in nnabla's idiom.
 
@@ -102,20 +100,13 @@ class DistributedSolver:
                 backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be a positive "
                              f"int, not {backward_passes_per_step!r}")
-        ranks = comm.find_group(group)
-        if comm.rank not in ranks:
-            raise ValueError(f"this rank ({comm.rank}) is not in group "
-                             f"{group!r} (ranks {ranks})")
-        self._solver = solver
-        self._comm = comm
+        super().__init__(solver, comm, group, distributed_after)
         self._wire_dtype = compression.wire_dtype
         self._op = op
         self._predivide = predivide
         self._passes_per_step = backward_passes_per_step
         self._groups = groups
         self._pack_size = pack_size
-        self._group = group
-        self._warm_start = WarmStart(distributed_after)
         self._sparse_as_dense = sparse_as_dense
         self._params = None
         self._reductions = {}  # tables reduced sparsely -> callbacks' lists
@@ -126,29 +117,7 @@ class DistributedSolver:
         self._passes = 0      # backward passes since the last update
         self._reduced = False  # the last pass all-reduced every gradient
 
-    @property
-    def solver(self):
-        """:obj:`nnabla.solver.Solver`: the wrapped solver."""
-        return self._solver
-
-    def set_parameters(self, param_dict, reset=True, retain_state=False):
-        """Registers parameters with the wrapped solver (its own signature)
-        and broadcasts their values and the solver's state (as after
-        ``load_states`` on the first rank only) from the group's first
-        rank, so that every rank starts, or resumes, from the same model.
-
-        Args:
-            param_dict (dict): name -> :obj:`nnabla.Variable`, as from
-                ``nn.get_parameters()``.
-            reset (bool): As :meth:`nnabla.solver.Solver.set_parameters`.
-            retain_state (bool): As
-                :meth:`nnabla.solver.Solver.set_parameters`.
-        """
-        self._solver.set_parameters(param_dict, reset=reset,
-                                    retain_state=retain_state)
-        params = self._solver.get_parameters()
-        broadcast_parameters(self._comm, params, group=self._group)
-        broadcast_solver_state(self._comm, self._solver, group=self._group)
+    def _registered(self, params):
         self._params = params
         _reductions(params, self._groups, self._pack_size)  # checks groups
         self._reductions = {}
@@ -184,8 +153,7 @@ class DistributedSolver:
                 f"update() (and zero_grad()) between steps")
         distributed = self._warm_start.distributed
         if not distributed:
-            self._samples += num_samples if num_samples is not None else \
-                samples_in(loss, self._params.values())
+            self._samples += self._samples_of(loss, num_samples)
         elif not self._sparse_as_dense:
             self._note_rows(loss)  # before clear_buffer can free indices
         self._passes += 1
@@ -266,10 +234,6 @@ class DistributedSolver:
                                 tables)
             self._reductions[tables] = lists
         return lists
-
-    def __getattr__(self, name):
-        # Everything else is the wrapped solver's.
-        return getattr(self._solver, name)
 
 
 def _reductions(params, groups, pack_size, skip=frozenset()):

@@ -382,3 +382,19 @@ def three_layer_mlp(seed):
     params = nn.get_parameters()
     return x, t, loss, list(params), list(params.values())
 
+
+def mlp(scope, batch, seed, total=False):
+    """The 6-9-8-2 tanh MLP with a squared-error loss in parameter scope
+    `scope`: its input, target, loss and parameters. `total`: the loss sums
+    over the batch instead of averaging; weights drawn from `seed`."""
+    import nnabla.functions as F
+    import nnabla.parametric_functions as PF
+    np.random.seed(seed)
+    with nn.parameter_scope(scope):
+        x, t = nn.Variable((batch, 6)), nn.Variable((batch, 2))
+        h = F.tanh(PF.affine(x, 9, name="a"))
+        h = F.tanh(PF.affine(h, 8, name="b"))
+        err = F.squared_error(PF.affine(h, 2, name="c"), t)
+        loss = F.sum(err) if total else F.mean(err)
+        params = nn.get_parameters()
+    return x, t, loss, params

@@ -21,31 +21,14 @@ backward, too many passes, a bad op, backward before set_parameters.
 import numpy as np
 
 import nnabla as nn
-import nnabla.functions as F
-import nnabla.parametric_functions as PF
 import nnabla.solvers as S
 
 import nncomm
 
-from _harness import Checker, make_comm
+from _harness import Checker, make_comm, mlp
 
 BATCH = 24
 STEPS = 5
-
-
-def mlp(scope, batch, seed, total):
-    """The model in parameter scope `scope`: its input, target, loss and
-    parameters. `total`: the loss sums over the batch instead of averaging;
-    weights drawn from `seed`."""
-    np.random.seed(seed)
-    with nn.parameter_scope(scope):
-        x, t = nn.Variable((batch, 6)), nn.Variable((batch, 2))
-        h = F.tanh(PF.affine(x, 9, name="a"))
-        h = F.tanh(PF.affine(h, 8, name="b"))
-        err = F.squared_error(PF.affine(h, 2, name="c"), t)
-        loss = F.sum(err) if total else F.mean(err)
-        params = nn.get_parameters()
-    return x, t, loss, params
 
 
 def batch(step):
