@@ -22,7 +22,7 @@ import nncomm
 
 from _harness import Checker, make_comm
 
-BATCH, STEPS, TEST = 64, 240, 360
+BATCH, STEPS, TEST = 64, 600, 360
 LR, MOMENTUM = 0.05, 0.9
 WITHIN = 0.02  # accuracy points a scheme may lose against plain
 
@@ -81,6 +81,13 @@ SCHEMES = {
     "warm start 25%": (lambda comm: nncomm.DistributedSolver(
         S.Momentum(LR, MOMENTUM), comm,
         distributed_after=STEPS // 4 * BATCH // comm.size), True),
+    # block_size counts the group's samples: a sync every 4 steps.
+    "BMUF 4 steps": (lambda comm: nncomm.block_momentum_solver(
+        S.Momentum(LR, MOMENTUM), comm, block_size=4 * BATCH), True),
+    "BMUF 4 steps, warm start 25%": (
+        lambda comm: nncomm.block_momentum_solver(
+            S.Momentum(LR, MOMENTUM), comm, block_size=4 * BATCH,
+            distributed_after=STEPS // 4 * BATCH // comm.size), True),
 }
 
 
