@@ -55,6 +55,7 @@ from libpack cimport *
 import numpy as np
 
 include "errors.pxi"
+include "addresses.pxi"
 
 TILE_ELEMENTS = kPackTileElements
 """int: elements one CUDA block moves (each segment gets whole tiles)."""
@@ -93,13 +94,6 @@ cdef DType dtype_code(dt, what) except *:
             f"{what}: unknown dtype {dt!r}; expected one of "
             f"{', '.join(DTYPE_CODES)}")
     return <DType><int>code
-
-
-cdef uintptr_t address_of(value, what) except? 0:
-    value = int(value)
-    if not 0 <= value < 2 ** 64:
-        raise ValueError(f"{what}: {value} is not a memory address")
-    return <uintptr_t>value
 
 
 cdef DType lay_out(segments, wire_dtype, vector[PackSegment]& rows,
