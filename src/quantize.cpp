@@ -12,26 +12,44 @@ namespace {
 // Columns handled together: a row of them is one 64-byte cache line of
 // floats, where a column alone would read a line per element.
 constexpr size_t kColumnGroup = 16;
+// Rows of a group's columns coded at a time: they are copied into a tile,
+// column by column, and back, so that each line of the tensor is touched
+// once however its rows fall into cache sets (a power-of-two row length
+// puts them all in one), and each column's bit stream stays in registers.
+constexpr size_t kRowChunk = 128;
+
+using Tile = float[kColumnGroup][kRowChunk];
 
 uint32_t top_code(int bits) { return (1u << bits) - 1; }
 
-float decoded(int bits, float a, float b, uint32_t code) {
-  if (bits == 1)
-    return code != 0 ? b : a;
-  return a + static_cast<float>(code) * b;
-}
-
-uint32_t code_of(int bits, float a, float b, float v) {
-  if (bits == 1)
+// How one code width codes and decodes a value, given its column's two
+// values a and b (and the highest code).
+struct OneBit {
+  static uint32_t code(float v, float, float, uint32_t) {
     return v >= 0.0f ? 1 : 0;
-  if (b == 0.0f)
-    return 0;
-  const float q = std::floor((v - a) / b + 0.5f);
-  if (q >= static_cast<float>(top_code(bits)))
-    return top_code(bits);
-  // NaN fails both compares and takes code 0, never an undefined cast.
-  return q >= 0.0f ? static_cast<uint32_t>(q) : 0;
-}
+  }
+  static float decoded(uint32_t code, float a, float b) {
+    return code != 0 ? b : a;
+  }
+};
+
+struct Levels {
+  static uint32_t code(float v, float a, float b, uint32_t top) {
+    if (b == 0.0f)
+      return 0;
+    // floor(q) >= top exactly when q >= top, and below that floor is the
+    // truncation of a non-negative q (through int32, which SSE2 converts
+    // four at a time); NaN fails both compares and takes code 0, never an
+    // undefined cast.
+    const float q = (v - a) / b + 0.5f;
+    if (q >= static_cast<float>(top))
+      return top;
+    return q >= 0.0f ? static_cast<uint32_t>(static_cast<int32_t>(q)) : 0;
+  }
+  static float decoded(uint32_t code, float a, float b) {
+    return a + static_cast<float>(code) * b;
+  }
+};
 
 float value(const QuantizedTensor &t, size_t i) {
   return t.residual != nullptr ? t.gradient[i] + t.residual[i]
@@ -126,24 +144,54 @@ void for_column_groups(const QuantizedTensor *tensors, size_t n, int bits,
   }
 }
 
+// Calls f(r0, n) for the chunks of rows [r0, r0 + n) of a tensor.
+template <typename F> void for_row_chunks(const QuantizedTensor &t, F &&f) {
+  for (size_t r0 = 0; r0 < t.rows; r0 += kRowChunk)
+    f(r0, std::min(kRowChunk, t.rows - r0));
+}
+
+// tile[j][k] = matrix[r0 + k][c0 + j], from a row-major matrix of `cols`
+// columns; and back.
+void load_tile(const float *matrix, size_t cols, const ColumnGroup &g,
+               size_t r0, size_t n, Tile &tile) {
+  for (size_t k = 0; k < n; ++k) {
+    const float *row = matrix + (r0 + k) * cols + g.c0;
+    for (size_t j = 0; j < g.w; ++j)
+      tile[j][k] = row[j];
+  }
+}
+
+void store_tile(const Tile &tile, const ColumnGroup &g, size_t r0, size_t n,
+                size_t cols, float *matrix) {
+  for (size_t k = 0; k < n; ++k) {
+    float *row = matrix + (r0 + k) * cols + g.c0;
+    for (size_t j = 0; j < g.w; ++j)
+      row[j] = tile[j][k];
+  }
+}
+
 // The two values of each column of `g`: the means of its code-0 and
 // code-1 v (1 bit), or its min and step.
 void column_values(const QuantizedTensor &t, const ColumnGroup &g, int bits,
                    float *a, float *b) {
   if (bits == 1) {
     double sum[2][kColumnGroup] = {};
-    size_t count[2][kColumnGroup] = {};
+    size_t ones[kColumnGroup] = {};
     for (size_t r = 0; r < t.rows; ++r) {
       for (size_t j = 0; j < g.w; ++j) {
         const float v = value(t, r * t.cols + g.c0 + j);
-        const uint32_t code = code_of(1, 0.0f, 0.0f, v);
-        sum[code][j] += v;
-        ++count[code][j];
+        const bool one = OneBit::code(v, 0.0f, 0.0f, 1) != 0;
+        // A sum that starts at +0 is never -0, so adding +0 leaves it as
+        // it is: both sides take every row, without a branch.
+        sum[0][j] += one ? 0.0 : v;
+        sum[1][j] += one ? v : 0.0;
+        ones[j] += one;
       }
     }
     for (size_t j = 0; j < g.w; ++j) {
-      a[j] = count[0][j] ? static_cast<float>(sum[0][j] / count[0][j]) : 0;
-      b[j] = count[1][j] ? static_cast<float>(sum[1][j] / count[1][j]) : 0;
+      const size_t zeros = t.rows - ones[j];
+      a[j] = zeros ? static_cast<float>(sum[0][j] / zeros) : 0.0f;
+      b[j] = ones[j] ? static_cast<float>(sum[1][j] / ones[j]) : 0.0f;
     }
     return;
   }
@@ -153,10 +201,8 @@ void column_values(const QuantizedTensor &t, const ColumnGroup &g, int bits,
   for (size_t r = 1; r < t.rows; ++r) {
     for (size_t j = 0; j < g.w; ++j) {
       const float v = value(t, r * t.cols + g.c0 + j);
-      if (v < low[j])
-        low[j] = v;
-      if (v > high[j])
-        high[j] = v;
+      low[j] = v < low[j] ? v : low[j];
+      high[j] = v > high[j] ? v : high[j];
     }
   }
   for (size_t j = 0; j < g.w; ++j) {
@@ -165,6 +211,7 @@ void column_values(const QuantizedTensor &t, const ColumnGroup &g, int bits,
   }
 }
 
+template <typename Code>
 void encode_group(const QuantizedTensor &t, const ColumnGroup &g, int bits,
                   uint32_t *block) {
   float a[kColumnGroup], b[kColumnGroup];
@@ -176,22 +223,38 @@ void encode_group(const QuantizedTensor &t, const ColumnGroup &g, int bits,
     put_float(column + 1, b[j]);
     codes[j].start(column + 2);
   }
-  for (size_t r = 0; r < t.rows; ++r) {
-    for (size_t j = 0; j < g.w; ++j) {
-      const size_t i = r * t.cols + g.c0 + j;
-      const float v = value(t, i);
-      const uint32_t code = code_of(bits, a[j], b[j], v);
-      codes[j].put(code, bits);
-      if (t.residual != nullptr)
-        t.residual[i] = v - decoded(bits, a[j], b[j], code);
+  const uint32_t top = top_code(bits);
+  Tile v, residual;
+  for_row_chunks(t, [&](size_t r0, size_t n) {
+    load_tile(t.gradient, t.cols, g, r0, n, v);
+    if (t.residual != nullptr) {
+      load_tile(t.residual, t.cols, g, r0, n, residual);
+      for (size_t j = 0; j < g.w; ++j) {
+        for (size_t k = 0; k < n; ++k)
+          v[j][k] += residual[j][k];
+      }
     }
-  }
+    // Codes and residuals a chunk at a time (loops the compiler
+    // vectorizes); only the bit stream goes element by element.
+    for (size_t j = 0; j < g.w; ++j) {
+      uint32_t code[kRowChunk];
+      for (size_t k = 0; k < n; ++k)
+        code[k] = Code::code(v[j][k], a[j], b[j], top);
+      for (size_t k = 0; k < n; ++k)
+        residual[j][k] = v[j][k] - Code::decoded(code[k], a[j], b[j]);
+      for (size_t k = 0; k < n; ++k)
+        codes[j].put(code[k], bits);
+    }
+    if (t.residual != nullptr)
+      store_tile(residual, g, r0, n, t.cols, t.residual);
+  });
   for (size_t j = 0; j < g.w; ++j)
     codes[j].flush();
 }
 
 // Adds one rank's decoded columns into the gradient (writes them for the
 // first rank); `divisor`, when not 0, then divides the sum.
+template <typename Code>
 void decode_group(const QuantizedTensor &t, const ColumnGroup &g, int bits,
                   const uint32_t *block, bool first, float divisor) {
   float a[kColumnGroup], b[kColumnGroup];
@@ -202,14 +265,22 @@ void decode_group(const QuantizedTensor &t, const ColumnGroup &g, int bits,
     b[j] = get_float(column + 1);
     codes[j].start(column + 2);
   }
-  for (size_t r = 0; r < t.rows; ++r) {
+  Tile sum;
+  for_row_chunks(t, [&](size_t r0, size_t n) {
+    if (!first)
+      load_tile(t.gradient, t.cols, g, r0, n, sum);
     for (size_t j = 0; j < g.w; ++j) {
-      float *out = t.gradient + r * t.cols + g.c0 + j;
-      const float d = decoded(bits, a[j], b[j], codes[j].get(bits));
-      const float sum = first ? d : *out + d;
-      *out = divisor != 0.0f ? sum / divisor : sum;
+      uint32_t code[kRowChunk];
+      for (size_t k = 0; k < n; ++k)
+        code[k] = codes[j].get(bits);
+      for (size_t k = 0; k < n; ++k) {
+        const float d = Code::decoded(code[k], a[j], b[j]);
+        const float total = first ? d : sum[j][k] + d;
+        sum[j][k] = divisor != 0.0f ? total / divisor : total;
+      }
     }
-  }
+    store_tile(sum, g, r0, n, t.cols, t.gradient);
+  });
 }
 
 bool aligned(const void *p, size_t alignment) {
@@ -259,7 +330,10 @@ Status quantize_encode(const QuantizedTensor *tensors, size_t n, int bits,
   words[0] = 0;
   for_column_groups(tensors, n, bits,
                     [&](const QuantizedTensor &t, const ColumnGroup &g) {
-                      encode_group(t, g, bits, words);
+                      if (bits == 1)
+                        encode_group<OneBit>(t, g, bits, words);
+                      else
+                        encode_group<Levels>(t, g, bits, words);
                     });
   return Status::Ok();
 }
@@ -287,10 +361,13 @@ Status quantize_decode_sum(const QuantizedTensor *tensors, size_t n,
         reinterpret_cast<const uint32_t *>(blocks + k * stride);
     const float divisor =
         average && k + 1 == ranks ? static_cast<float>(ranks) : 0.0f;
-    for_column_groups(tensors, n, bits,
-                      [&](const QuantizedTensor &t, const ColumnGroup &g) {
-                        decode_group(t, g, bits, block, k == 0, divisor);
-                      });
+    for_column_groups(
+        tensors, n, bits, [&](const QuantizedTensor &t, const ColumnGroup &g) {
+          if (bits == 1)
+            decode_group<OneBit>(t, g, bits, block, k == 0, divisor);
+          else
+            decode_group<Levels>(t, g, bits, block, k == 0, divisor);
+        });
   }
   return Status::Ok();
 }

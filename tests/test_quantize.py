@@ -16,9 +16,11 @@ import quantize_reference as ref  # noqa: E402
 
 BITS = (1, 2, 3, 4, 5, 8)
 # One row, one column (1-D), a column of one element, odd row counts
-# (codes that end part-way through a word), more columns than the C++
-# handles together (16), more dimensions, a scalar, and no rows.
-SHAPES = [(1, 7), (9,), (13, 1), (37, 5), (33, 20), (3, 2, 5), (), (0, 3)]
+# (codes that end part-way through a word), more columns and rows than the
+# C++ codes at a time (16 columns by 128 rows), more dimensions, a scalar,
+# and no rows.
+SHAPES = [(1, 7), (9,), (13, 1), (37, 5), (33, 20), (261, 18), (129,),
+          (3, 2, 5), (), (0, 3)]
 STEPS = 4
 
 
