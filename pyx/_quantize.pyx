@@ -70,14 +70,8 @@ cdef int fill(tensors, vector[QuantizedTensor]& table) except -1:
     table.clear()
     for i, tensor in enumerate(tensors):
         what = f"tensors[{i}]"
-        if not isinstance(tensor, (tuple, list)) or len(tensor) != 4:
-            raise ValueError(
-                f"{what} must be a tuple (gradient, residual, rows, cols), "
-                f"not {tensor!r}")
-        gradient, residual, rows, cols = tensor
-        if rows < 0 or cols < 0:
-            raise ValueError(f"{what}: rows and cols must not be negative "
-                             f"(rows {rows}, cols {cols})")
+        gradient, residual, rows, cols = counted(
+            tensor, what, ("gradient", "residual", "rows", "cols"))
         t.gradient = <float*>address_of(gradient, what)
         t.residual = <float*>address_of(residual, what)
         t.rows = rows

@@ -105,15 +105,8 @@ cdef DType lay_out(segments, wire_dtype, vector[PackSegment]& rows,
     rows.clear()
     for i, segment in enumerate(segments):
         what = f"segments[{i}]"
-        if not isinstance(segment, (tuple, list)) or len(segment) != 4:
-            raise ValueError(
-                f"{what} must be a tuple (address, dtype, offset, count), "
-                f"not {segment!r}")
-        address, dtype, offset, count = segment
-        if offset < 0 or count < 0:
-            raise ValueError(
-                f"{what}: offset and count must not be negative "
-                f"(offset {offset}, count {count})")
+        address, dtype, offset, count = counted(
+            segment, what, ("address", "dtype", "offset", "count"))
         row.tensor = <const void*>address_of(address, what)
         row.dtype = dtype_code(dtype, what)
         row.offset = offset

@@ -27,7 +27,7 @@ import nnabla.solvers as S
 
 import nncomm
 import quantize_reference as ref
-from _harness import mlp, start, world_gather
+from _harness import mlp, placed, start, world_gather
 
 SHAPES = [(1, 7), (9,), (13, 1), (37, 5), (33, 20), (3, 2, 5), ()]
 STEPS = 3
@@ -144,10 +144,9 @@ class Reference:
 
 def solver_case(ck, comm, what, make_solver, bits=1, op="average", passes=1,
                 group="world", warm_steps=0, factory=False):
-    ranks = comm.find_group(group)
-    if comm.rank not in ranks:
+    if placed(comm, group) is None:
         return
-    size, member = len(ranks), ranks.index(comm.rank)
+    size, member = placed(comm, group)
     nn.clear_parameters()
     shard = BATCH // size // passes
     x, t, loss, params = mlp("dist", shard, comm.rank)
