@@ -80,7 +80,8 @@ class QuantizedReducer:
         def gradients():
             _bits(bits, "bits")
             return [(str(i), x) for i, x in enumerate(_float_ndarrays(data))]
-        settings = {"bits": bits, "error_feedback": bool(error_feedback),
+        # str: an int and a numpy integer of one value compare alike.
+        settings = {"bits": str(bits), "error_feedback": bool(error_feedback),
                     "division": bool(division)}
         agreed = _agreed(comm, gradients, group, "QuantizedReducer",
                          "gradients", settings)
