@@ -11,6 +11,8 @@ the Cython in pyx/ and the C++/CUDA in src/ and include/:
   where CUDA is, as below; without it, its entry points say so.
 - ``nncomm.packing``, the bucket packing kernels, which need neither MPI nor
   nnabla.
+- ``nncomm._quantize``, the quantized gradients' encoding and decoding on
+  host memory, which needs neither MPI nor nnabla either.
 
 The CUDA halves (.cu) are compiled with ``nvcc`` when nvcc is on PATH (or
 under ``CUDA_HOME``); ``NNCOMM_CUDA=1`` makes a missing nvcc an error,
@@ -108,6 +110,9 @@ def gencode_flags():
 # cythonize() rebuilds the Extension objects it is given.
 CUDA_SOURCES = {}
 
+# nncomm._quantize's own source, left out of the communicator's.
+QUANTIZE_SOURCE = os.path.join("src", "quantize.cpp")
+
 # What an extension is rebuilt after besides its sources: setuptools looks
 # at no headers, and knows nothing of the .cu objects BuildExt links in.
 DEPENDS = sorted(glob.glob("include/nncomm/*.hpp") + glob.glob("src/*.cuh")
@@ -149,11 +154,11 @@ CUDA = cuda_build()
 
 def extension(name, sources, cuda_sources, without_cuda, **kwargs):
     """An Extension whose `cuda_sources` are compiled by nvcc where CUDA is,
-    linked with the static CUDA runtime; elsewhere `without_cuda` stand in
-    for them."""
+    linked with the static CUDA runtime; elsewhere, or where there are
+    none, `without_cuda` stand in for them."""
     kwargs["include_dirs"] = ["include", "pyx"] + \
         kwargs.get("include_dirs", [])
-    if CUDA is None:
+    if CUDA is None or not cuda_sources:
         return Extension(name, sources=sources + without_cuda,
                          language="c++", extra_compile_args=CXXFLAGS,
                          depends=DEPENDS, **kwargs)
@@ -170,7 +175,8 @@ def communicator_extension():
     import mpi4py
     mpi = mpi_build_flags()
     sources = [s for s in sorted(glob.glob("src/*.cpp"))
-               if not os.path.basename(s).startswith("cuda_")]
+               if not os.path.basename(s).startswith("cuda_")
+               and s != QUANTIZE_SOURCE]
     return extension(
         "nncomm._nncomm", ["pyx/_nncomm.pyx"] + sources,
         sorted(glob.glob("src/*.cu")),
@@ -189,7 +195,12 @@ def packing_extension():
         ["src/cuda_unavailable.cpp"])
 
 
-extensions = [packing_extension()]
+def quantize_extension():
+    return extension("nncomm._quantize",
+                     ["pyx/_quantize.pyx", QUANTIZE_SOURCE], [], [])
+
+
+extensions = [packing_extension(), quantize_extension()]
 if env_switch("NNCOMM_MPI") is not False:
     extensions.insert(0, communicator_extension())
 

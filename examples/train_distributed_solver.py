@@ -22,8 +22,16 @@ import nncomm.communicators as C
 from train_mlp import mlp, parameters_match, spirals
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def train(description, wrap):
+    """Trains the MLP with the solver ``wrap(S.Momentum(lr, 0.9), comm)``
+    returns, as the command line says, and reports whether the ranks end
+    with the same parameters.
+
+    Args:
+        description (str): The command line's help.
+        wrap (callable): Makes the distributed solver.
+    """
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=64,
                         help="per rank")
@@ -41,7 +49,7 @@ def main():
     y = nn.Variable((args.batch_size, 1))
     loss = F.mean(F.softmax_cross_entropy(mlp(x, 64), y))
 
-    solver = nncomm.DistributedSolver(S.Momentum(args.lr, 0.9), comm)
+    solver = wrap(S.Momentum(args.lr, 0.9), comm)
     solver.set_parameters(nn.get_parameters())
     rng = np.random.RandomState(comm.rank)
     steps = len(x_train) // args.batch_size
@@ -61,6 +69,10 @@ def main():
     if comm.rank == 0:
         print(f"parameter checksums {'match' if same else 'DIFFER'} across "
               f"{comm.size} ranks")
+
+
+def main():
+    train(__doc__.split("\n")[0], nncomm.DistributedSolver)
 
 
 if __name__ == "__main__":

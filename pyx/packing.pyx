@@ -55,6 +55,7 @@ from libpack cimport *
 import numpy as np
 
 include "errors.pxi"
+include "addresses.pxi"
 
 TILE_ELEMENTS = kPackTileElements
 """int: elements one CUDA block moves (each segment gets whole tiles)."""
@@ -95,13 +96,6 @@ cdef DType dtype_code(dt, what) except *:
     return <DType><int>code
 
 
-cdef uintptr_t address_of(value, what) except? 0:
-    value = int(value)
-    if not 0 <= value < 2 ** 64:
-        raise ValueError(f"{what}: {value} is not a memory address")
-    return <uintptr_t>value
-
-
 cdef DType lay_out(segments, wire_dtype, vector[PackSegment]& rows,
                   PackTable* table) except *:
     """Checks `segments` and lays them out in `table`; returns the wire
@@ -111,15 +105,8 @@ cdef DType lay_out(segments, wire_dtype, vector[PackSegment]& rows,
     rows.clear()
     for i, segment in enumerate(segments):
         what = f"segments[{i}]"
-        if not isinstance(segment, (tuple, list)) or len(segment) != 4:
-            raise ValueError(
-                f"{what} must be a tuple (address, dtype, offset, count), "
-                f"not {segment!r}")
-        address, dtype, offset, count = segment
-        if offset < 0 or count < 0:
-            raise ValueError(
-                f"{what}: offset and count must not be negative "
-                f"(offset {offset}, count {count})")
+        address, dtype, offset, count = counted(
+            segment, what, ("address", "dtype", "offset", "count"))
         row.tensor = <const void*>address_of(address, what)
         row.dtype = dtype_code(dtype, what)
         row.offset = offset

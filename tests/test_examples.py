@@ -13,7 +13,7 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(
 
 @pytest.mark.parametrize("script,args", [
     ("train_mlp.py", []), ("train_mlp.py", ["--overlap"]),
-    ("train_distributed_solver.py", [])])
+    ("train_distributed_solver.py", []), ("train_1bit.py", [])])
 def test_example_keeps_ranks_in_step(script, args):
     code, out, err, _ = run_program(
         [sys.executable, os.path.join(EXAMPLES, script), "--epochs", "1",

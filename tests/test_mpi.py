@@ -233,3 +233,11 @@ def test_schemes_converge_on_digits(n):
 @pytest.mark.parametrize("n", RANK_COUNTS)
 def test_sparse_gradients(n):
     run_worker("sparse", n)
+
+
+@pytest.mark.parametrize("n", RANK_COUNTS)
+def test_quantized(n):
+    # QuantizedReducer and DistributedSolver / data_parallel_solver with
+    # quantized compression, bit for bit against numpy and nnabla in one
+    # process; misuse raising on every rank.
+    run_worker("quantized", n, timeout=120)

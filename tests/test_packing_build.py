@@ -56,9 +56,9 @@ def test_lazy_names():
 
 
 def test_cpu_only_build_without_mpi(tmp_path):
-    """NNCOMM_CUDA=0 NNCOMM_MPI=0: the packing module alone, no nvcc, no MPI
-    (what a machine without either builds); its CudaPacker says why it has
-    no kernels."""
+    """NNCOMM_CUDA=0 NNCOMM_MPI=0: the packing and quantization modules
+    alone, no nvcc, no MPI (what a machine without either builds); the
+    CudaPacker says why it has no kernels."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     files = subprocess.run(["git", "ls-files", "setup.py", "pyx", "src",
                             "include", "python"], cwd=repo, check=True,
@@ -73,13 +73,16 @@ def test_cpu_only_build_without_mpi(tmp_path):
     assert build.returncode == 0, build.stderr[-3000:]
     assert "nvcc" not in build.stdout
     built = os.listdir(tmp_path / "python" / "nncomm")
-    assert any(n.startswith("packing.") and n.endswith(".so") for n in built)
+    for module in ("packing.", "_quantize."):
+        assert any(n.startswith(module) and n.endswith(".so")
+                   for n in built), built
     assert not any(n.startswith("_nncomm.") for n in built), built
     code = (
         "import sys\n"
         "for name in ('nnabla', 'mpi4py'):\n"
         "    sys.modules[name] = None\n"
-        "from nncomm import packing\n"
+        "from nncomm import _quantize, packing\n"
+        "assert _quantize.matrix((3, 4, 5)) == (3, 20)\n"
         "assert not packing.cuda_built\n"
         "try:\n"
         "    packing.CudaPacker()\n"

@@ -20,6 +20,7 @@ _LAZY = {
     "CommunicatorError": "nncomm.errors",
     "Compression": "nncomm.compression",
     "DistributedSolver": "nncomm.distributed_solver",
+    "QuantizedReducer": "nncomm.quantized",
     "allgather_object": "nncomm.broadcast",
     "block_momentum_solver": "nncomm.block_momentum",
     "broadcast_object": "nncomm.broadcast",
@@ -28,6 +29,7 @@ _LAZY = {
     "chain_hooks": "nncomm.hooks",
     "sparse_all_reduce": "nncomm.sparse",
     "communicators": "nncomm.communicators",
+    "data_parallel_solver": "nncomm.distributed_solver",
 }
 
 __all__ = sorted(_LAZY)

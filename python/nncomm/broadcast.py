@@ -221,18 +221,20 @@ def _state_arrays(solver):
             for key in sorted(states[name].pstate)]
 
 
-def _agreed(comm, make, group, what, noun):
+def _agreed(comm, make, group, what, noun, settings=None):
     """`make()`'s (name, Variable) pairs, once every rank of the group has
-    made the same names and shapes (one all-gather of a digest); ValueError
-    on every rank otherwise. A rank where `make` raises TypeError takes
+    made the same names and shapes, and passed the same `settings` (a
+    dict), in one all-gather of a digest; ValueError on every rank
+    otherwise. A rank where `make` raises TypeError or ValueError takes
     part in the check, so that no rank waits, and then raises it."""
     try:
         entries, error = make(), None
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         entries, error = None, e
     digest = 0
     if error is None:
-        text = repr([(name, v.shape) for name, v in entries]).encode()
+        text = repr(([(name, v.shape) for name, v in entries],
+                     settings)).encode()
         digest = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(),
                                 "little", signed=True)
     heads = _gather(comm, [error is not None, digest], group)
@@ -246,9 +248,10 @@ def _agreed(comm, make, group, what, noun):
     for r, d in enumerate(heads[:, 1].tolist()):
         kinds.setdefault(d, []).append(r)
     if len(kinds) > 1:
+        also = f" or settings ({', '.join(settings)})" if settings else ""
         raise ValueError(
             f"{what}: the ranks of group {group!r} pass different {noun} "
-            f"(names or shapes): " + "; ".join(
+            f"(names or shapes){also}: " + "; ".join(
                 f"group ranks {ranks} one set" for ranks in kinds.values())
             + f"; every rank must pass the same {noun}")
     return entries

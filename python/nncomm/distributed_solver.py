@@ -3,8 +3,10 @@ a group of ranks during backward, as Horovod's ``DistributedOptimizer``
 wraps a framework's optimizer."""
 import numpy as np
 
-from nncomm.compression import Compression, _WireDtype
+from nncomm.compression import (Compression, _bits, _is_int, _Quantized,
+                                _WireDtype)
 from nncomm.hooks import chain_hooks
+from nncomm.quantized import QuantizedReducer
 from nncomm.solver_wrapper import SolverWrapper
 from nncomm.sparse import embedding_indices, sparse_all_reduce, touched_rows
 
@@ -17,18 +19,23 @@ class DistributedSolver(SolverWrapper):
 
     :meth:`backward` runs ``loss.backward`` with the gradients all-reduced
     while it goes on (:meth:`Communicator.all_reduce_callback`, the user's
-    own ``function_post_hook`` chained before it); :meth:`update` steps the
-    wrapped solver, and refuses to when the gradients were not all
-    reduced. Every other solver method (``weight_decay``,
-    ``clip_grad_by_norm``, ``set_learning_rate``, ``get_states``, ...) is
-    the wrapped solver's, and sees reduced gradients.
+    own ``function_post_hook`` chained before it), or, with quantized
+    compression, after it (:class:`nncomm.quantized.QuantizedReducer`);
+    :meth:`update` steps the wrapped solver, and refuses to when the
+    gradients were not all reduced. Every other solver method
+    (``weight_decay``, ``clip_grad_by_norm``, ``set_learning_rate``,
+    ``get_states``, ...) is the wrapped solver's, and sees reduced
+    gradients.
 
     Args:
         solver (:obj:`nnabla.solver.Solver`): The solver to wrap, with no
             parameters yet (give them through :meth:`set_parameters`).
         comm (:obj:`nncomm.Communicator`): An initialized communicator.
         compression: How gradients travel: :class:`nncomm.Compression`'s
-            ``none`` (the context's dtype), ``fp16`` or ``bf16``.
+            ``none`` (the context's dtype), ``fp16``, ``bf16`` or
+            ``quantized(bits)`` (CNTK's, with error feedback; every
+            gradient quantized densely, embedding tables included; not
+            with `groups` or a `gradient_predivide_factor`).
         op (str): ``"average"`` (default) divides the sum of the ranks'
             gradients by the group's size; ``"sum"`` keeps the sum.
         gradient_predivide_factor (float): With ``op="average"``, the
@@ -79,9 +86,10 @@ class DistributedSolver(SolverWrapper):
                  op="average", gradient_predivide_factor=1.0,
                  backward_passes_per_step=1, groups=None, pack_size=2 << 20,
                  group="world", distributed_after=0, sparse_as_dense=False):
-        if not isinstance(compression, _WireDtype):
+        if not isinstance(compression, (_WireDtype, _Quantized)):
             raise TypeError(f"compression must be one of nncomm.Compression's "
-                            f"(none, fp16, bf16), not {compression!r}")
+                            f"(none, fp16, bf16, quantized(bits)), not "
+                            f"{compression!r}")
         if op not in _OPS:
             raise ValueError(f"op must be one of {_OPS}, not {op!r}")
         predivide = float(gradient_predivide_factor)
@@ -96,12 +104,21 @@ class DistributedSolver(SolverWrapper):
                 and not isinstance(groups, bool)):
             raise ValueError(f"groups must be None, a positive int or a "
                              f"list of lists of parameters, not {groups!r}")
+        quantized = isinstance(compression, _Quantized)
+        if quantized and groups is not None:
+            raise ValueError("groups cannot be used with quantized "
+                             "compression: every gradient is quantized and "
+                             "exchanged in one all-gather after backward")
+        if quantized and predivide != 1:
+            raise ValueError("gradient_predivide_factor keeps a 16-bit sum "
+                             "in range; quantized gradients are summed in "
+                             "float32 once decoded, so it does not apply")
         if not isinstance(backward_passes_per_step, int) or \
                 backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be a positive "
                              f"int, not {backward_passes_per_step!r}")
         super().__init__(solver, comm, group, distributed_after)
-        self._wire_dtype = compression.wire_dtype
+        self._compression = compression
         self._op = op
         self._predivide = predivide
         self._passes_per_step = backward_passes_per_step
@@ -110,6 +127,7 @@ class DistributedSolver(SolverWrapper):
         self._sparse_as_dense = sparse_as_dense
         self._params = None
         self._reductions = {}  # tables reduced sparsely -> callbacks' lists
+        self._quantizer = None  # the QuantizedReducer, when quantized
         self._graph = (None, {}, set())  # loss, its tables, dense uses
         self._rows = {}  # table -> rows touched in this step's passes
         self._dense = set()  # parameters used densely in this step
@@ -121,6 +139,11 @@ class DistributedSolver(SolverWrapper):
         self._params = params
         _reductions(params, self._groups, self._pack_size)  # checks groups
         self._reductions = {}
+        if isinstance(self._compression, _Quantized):
+            self._quantizer = QuantizedReducer(
+                self._comm, [v.grad for v in params.values()],
+                self._compression.bits, self._compression.error_feedback,
+                division=self._op == "average", group=self._group)
         self._new_step()
 
     def zero_grad(self):
@@ -154,7 +177,7 @@ class DistributedSolver(SolverWrapper):
         distributed = self._warm_start.distributed
         if not distributed:
             self._samples += self._samples_of(loss, num_samples)
-        elif not self._sparse_as_dense:
+        elif not self._sparse_as_dense and self._quantizer is None:
             self._note_rows(loss)  # before clear_buffer can free indices
         self._passes += 1
         self._reduced = False
@@ -164,6 +187,11 @@ class DistributedSolver(SolverWrapper):
                           function_post_hook=function_post_hook, **kwargs)
             self._reduced = last
             return
+        if self._quantizer is not None:
+            self._quantized_backward(loss, clear_buffer, function_post_hook,
+                                     kwargs)
+            self._reduced = True
+            return
         tables = {name: rows for name, rows in self._rows.items()
                   if name not in self._dense}
         dense = self._dense_reductions(frozenset(tables))
@@ -171,7 +199,8 @@ class DistributedSolver(SolverWrapper):
         hook = chain_hooks(function_post_hook, *[
             self._comm.all_reduce_callback(
                 grads, pack_size, division=division, group=self._group,
-                scale_grad=1 / self._predivide, wire_dtype=self._wire_dtype)
+                scale_grad=1 / self._predivide,
+                wire_dtype=self._compression.wire_dtype)
             for grads, pack_size in dense])
         loss.backward(clear_buffer=clear_buffer, function_post_hook=hook,
                       **kwargs)
@@ -183,6 +212,18 @@ class DistributedSolver(SolverWrapper):
             sparse_all_reduce(self._comm, self._params[name].grad, rows,
                               division, self._group)
         self._reduced = True
+
+    def _quantized_backward(self, loss, clear_buffer, hook, kwargs):
+        """nnabla's backward, then the quantized reduction; a backward that
+        raises still takes part in the step's exchange, so that the other
+        ranks raise instead of waiting for this one."""
+        try:
+            loss.backward(clear_buffer=clear_buffer, function_post_hook=hook,
+                          **kwargs)
+        except Exception:
+            self._quantizer.fail()
+            raise
+        self._quantizer.reduce()
 
     def update(self, **kwargs):
         """Steps the wrapped solver on the all-reduced gradients (during
@@ -234,6 +275,47 @@ class DistributedSolver(SolverWrapper):
                                 tables)
             self._reductions[tables] = lists
         return lists
+
+
+def data_parallel_solver(solver, comm, num_quantization_bits=32,
+                         distributed_after=0):
+    """CNTK's ``data_parallel_distributed_learner`` in nnabla's idiom: a
+    :class:`DistributedSolver` averaging the ranks' gradients, in float32
+    or quantized to `num_quantization_bits` per element with error
+    feedback (CNTK's 1-bit SGD and its N-bit variant).
+
+    Args:
+        solver (:obj:`nnabla.solver.Solver`): The solver to wrap, with no
+            parameters yet.
+        comm (:obj:`nncomm.Communicator`): An initialized communicator.
+        num_quantization_bits (int): 32: gradients travel unquantized
+            (``Compression.none``); 1 to 8:
+            ``Compression.quantized(num_quantization_bits)``.
+        distributed_after (int): Samples each rank trains alone first
+            (CNTK's warm start).
+
+    Returns:
+        :class:`DistributedSolver`
+
+    Raises:
+        ValueError: `num_quantization_bits` is neither 32 nor 1 to 8.
+
+    Example:
+
+    .. code-block:: python
+
+        solver = nncomm.data_parallel_solver(S.Momentum(0.05, 0.9), comm,
+                                             num_quantization_bits=1)
+        solver.set_parameters(nn.get_parameters())
+    """
+    if _is_int(num_quantization_bits) and num_quantization_bits == 32:
+        compression = Compression.none
+    else:
+        compression = Compression.quantized(_bits(
+            num_quantization_bits,
+            "num_quantization_bits, unless 32 (no quantization),"))
+    return DistributedSolver(solver, comm, compression=compression,
+                             distributed_after=distributed_after)
 
 
 def _reductions(params, groups, pack_size, skip=frozenset()):

@@ -253,6 +253,15 @@ def standard_groups(comm, ck):
     return groups
 
 
+def placed(comm, group):
+    """(the size of `group`, this rank's index in it), or None where this
+    rank is not in it."""
+    ranks = comm.find_group(group)
+    if comm.rank not in ranks:
+        return None
+    return len(ranks), ranks.index(comm.rank)
+
+
 def start(worker):
     """The opening of most workers: the checker, the communicator, and the
     standard groups this rank belongs to as (name, ranks) pairs."""

@@ -81,6 +81,14 @@ SCHEMES = {
     "warm start 25%": (lambda comm: nncomm.DistributedSolver(
         S.Momentum(LR, MOMENTUM), comm,
         distributed_after=STEPS // 4 * BATCH // comm.size), True),
+    "1-bit": (lambda comm: nncomm.data_parallel_solver(
+        S.Momentum(LR, MOMENTUM), comm, num_quantization_bits=1), True),
+    "8-bit": (lambda comm: nncomm.data_parallel_solver(
+        S.Momentum(LR, MOMENTUM), comm, num_quantization_bits=8), True),
+    "1-bit without error feedback": (lambda comm: nncomm.DistributedSolver(
+        S.Momentum(LR, MOMENTUM), comm,
+        compression=nncomm.Compression.quantized(1, error_feedback=False)),
+        False),
     # block_size counts the group's samples: a sync every 4 steps.
     "BMUF 4 steps": (lambda comm: nncomm.block_momentum_solver(
         S.Momentum(LR, MOMENTUM), comm, block_size=4 * BATCH), True),

@@ -25,7 +25,7 @@ import nnabla.solvers as S
 
 import nncomm
 
-from _harness import Checker, make_comm, mlp
+from _harness import Checker, make_comm, mlp, placed
 
 BATCH = 24
 STEPS = 5
@@ -40,10 +40,9 @@ def batch(step):
 def run(ck, comm, what, make_solver, op="average", passes=1,
         group="world", compression=nncomm.Compression.none, tol=2e-5,
         warm_steps=0, groups=None, **options):
-    ranks = comm.find_group(group)
-    if comm.rank not in ranks:
+    if placed(comm, group) is None:
         return
-    size, me = len(ranks), ranks.index(comm.rank)
+    size, me = placed(comm, group)
     nn.clear_parameters()
     shard = BATCH // size // passes
     total = op == "sum"
