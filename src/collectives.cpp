@@ -218,8 +218,8 @@ Status gather_through_buffer(ArrayMemory &memory, const Blocks &blocks,
                              Gather gather) {
   const size_t size = dtype_size(dt);
   char *buffer = nullptr;
-  NNCOMM_RETURN_IF_ERROR(fail_alone(memory.reserve(
-      (blocks.offsets.back() + blocks.counts.back()) * size, &buffer)));
+  NNCOMM_RETURN_IF_ERROR(
+      fail_alone(memory.reserve(blocks.extent() * size, &buffer)));
   NNCOMM_RETURN_IF_ERROR(gather(buffer));
   for (size_t r = 0; r < recv.size(); ++r) {
     NNCOMM_RETURN_IF_ERROR(memory.copy(recv[r].ptr,

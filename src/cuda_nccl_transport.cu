@@ -221,7 +221,8 @@ nccl::Result NcclTransport::exchange(const void *send, const Blocks &to,
                          from.counts[r], nccl_type(dt), r, comm_, stream_);
     }
   }
-  // Closed whatever failed: NCCL's group state is per thread.
+  // Closed after a failure too: a group left open would take in this
+  // thread's next NCCL calls.
   const nccl::Result ended = api_.GroupEnd();
   return result != nccl::kSuccess ? result : ended;
 }
