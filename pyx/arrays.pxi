@@ -122,6 +122,16 @@ cdef int check_floating(list dtypes, str what) except -1:
     return 0
 
 
+cdef int dtype_code(dt, str what) except -1:
+    """The core's code of numpy dtype `dt`, that of array `what`."""
+    code = _DTYPE_CODES.get(dt)
+    if code is None:
+        raise TypeError(
+            f"{what} has dtype {dt}; nncomm communicates "
+            f"float32, float64, float16, int32 and int64")
+    return code
+
+
 cdef ArrayList collect(list arrays, ctx, str what, dtype,
                        bint zeroing_as_null):
     """Reads the pointers, counts and dtypes of `arrays` (named `what` in
@@ -144,11 +154,7 @@ cdef ArrayList collect(list arrays, ctx, str what, dtype,
     self.refs.reserve(len(arrays))
     for i, x in enumerate(arrays):
         dt = dtype_of(x) if dtype is None else dtype
-        code = _DTYPE_CODES.get(dt)
-        if code is None:
-            raise TypeError(
-                f"{what}[{i}] has dtype {dt}; nncomm communicates "
-                f"float32, float64, float16, int32 and int64")
+        code = dtype_code(dt, f"{what}[{i}]")
         self.dtypes.append(dt)
         ref.count = x.size
         ref.dtype = <DType><int>code

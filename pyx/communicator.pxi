@@ -481,18 +481,47 @@ cdef class Communicator:
             status = deref(g.core).bcast(arrays.refs, root, not inplace)
         CHKSTATUS(status)
 
-    def all_gather(self, ndarray, ndarray_list, group="world"):
-        """Gathers every rank's ``ndarray`` into every rank.
+    def all_gather(self, ndarray, ndarray_list=None, group="world"):
+        """Gathers every rank's ``ndarray`` into every rank: nnabla's
+        all_gather, and Horovod's allgather, where the ranks' arrays may
+        differ in size.
+
+        Where the sizes differ between ranks, the ranks first exchange them
+        (and check them: a list whose sizes are not the ranks', or rows
+        whose shapes or dtypes differ, raise ValueError on every rank).
 
         Args:
-            ndarray (:obj:`NdArray`): This rank's contribution.
-            ndarray_list (list of :obj:`NdArray`, or :obj:`NdArray`): One
-                array per group rank, each of ``ndarray``'s size; or one array
-                of ``group size × ndarray.size`` elements, filled block by
-                block in rank order. They take ``ndarray``'s dtype.
+            ndarray (:obj:`NdArray`, or a GPU array): This rank's
+                contribution.
+            ndarray_list (list of :obj:`NdArray`, :obj:`NdArray`, or None):
+                One array per group rank, array r of group rank r's
+                ``ndarray`` size (which may differ between ranks); or, where
+                every rank's ``ndarray`` has one size, one array of
+                ``group size × ndarray.size`` elements, filled block by block
+                in rank order; or None: a new array of every rank's
+                ``ndarray`` along the first dimension, in rank order, the
+                ranks' numbers of rows free but their other dimensions
+                equal (Horovod's allgather). The arrays take ``ndarray``'s
+                dtype.
             group (str): Name of a group.
+
+        Returns:
+            With ``ndarray_list=None``, the new array: an :obj:`NdArray` in
+            the communicator's context, or, for a GPU array, a CuPy array on
+            its device. Otherwise None.
+
+        Example:
+
+        .. code-block:: python
+
+            # rank r has r + 1 rows of 3
+            x = nn.NdArray.from_numpy_array(np.full((comm.rank + 1, 3), 1.0))
+            everything = comm.all_gather(x)   # (1 + 2 + ... + size) x 3
         """
         cdef _Group g = self._member(group)
+        if not _gathers_blocks_of_one_size(ndarray, ndarray_list,
+                                           len(g.ranks)):
+            return self._all_gatherv(g, ndarray, ndarray_list, group)
         cdef Status status
         cdef GpuArrays send_gpu, recv_gpu
         cdef ArrayList send, recv
@@ -528,6 +557,129 @@ cdef class Communicator:
             status = devices.all_gather(send_gpu.stream, send_gpu.refs[0],
                                         recv_gpu.refs)
         CHKSTATUS(status)
+
+    cdef _all_gatherv(self, _Group g, ndarray, recv, group):
+        """all_gather of arrays whose sizes differ between ranks: into the
+        arrays of `recv` (a list), or into a new array (`recv` None)."""
+        cdef _Sent send = None
+        cdef bint rows = recv is None
+        recv_list = None if rows else list(recv)
+        mine = np.zeros((1, _HEAD), np.int64)
+        error = None
+        try:
+            send = _sent(ndarray, "ndarray", self._cuda)
+            if rows:
+                _check_rows(send)
+                _check_makeable(send, "ndarray_list")
+                mine[0, _COUNT] = send.shape[0]
+            else:
+                _check_receivers(send, recv_list, "ndarray_list")
+                mine[0, _COUNT] = elements(ndarray)
+                mine[0, _LIST] = _digest([elements(x) for x in recv_list])
+            mine[0, _LAYOUT] = send.layout(rows)
+        except (TypeError, ValueError) as e:
+            mine[0, _STATE] = _BAD
+            error = e
+        heads = _exchange_heads(g, mine, False)
+        _check_heads(heads, error, "all_gather", group, send, rows)
+        counts = heads[:, _COUNT].tolist()
+        if rows:
+            recv = _new_array(send, (sum(counts),) + send.shape[1:])
+            _gather_varying(g, send, [c * send.row() for c in counts],
+                            [recv], self._ctx, self._cuda)
+            return recv
+        _check_list_sizes(heads, counts, recv_list, group)
+        _gather_varying(g, send, counts, recv_list, self._ctx, self._cuda)
+
+    def alltoall(self, send, recv=None, splits=None, group="world"):
+        """Horovod's alltoall: sends each rank of the group some rows of
+        ``send`` and receives, in rank order, the rows every rank sends
+        this one.
+
+        The first dimension of ``send`` is split into rows, ``splits[r]``
+        of them (in order) for group rank r; the other dimensions and the
+        dtype must be the same on every rank. The ranks first exchange how
+        many rows each sends each (one small alltoall), so a rank learns
+        what it receives. Bad arguments raise on every rank of the group,
+        where only one rank can see them too.
+
+        Args:
+            send (:obj:`NdArray`, or a GPU array): The rows to send.
+            recv (:obj:`NdArray`, a GPU array, or None): Receives the rows,
+                in ``send``'s dtype; its size must be the rows received
+                times the size of a row (its shape is kept). None: a new
+                array of shape ``(rows received,) + send.shape[1:]``.
+            splits (sequence of int, or None): Rows for each group rank, in
+                rank order, none negative, summing to ``send.shape[0]``.
+                None: as many for each (``send.shape[0]`` must divide by
+                the group's size).
+            group (str): Name of a group.
+
+        Returns:
+            tuple: ``(recv, received_splits)``: the receiving array (the
+            one given, or a new one: an :obj:`NdArray` in the
+            communicator's context, or, for a GPU array, a CuPy array on
+            its device), and the list of how many rows came from each
+            group rank.
+
+        Example:
+
+        .. code-block:: python
+
+            # each rank sends rank r (r + 1) rows of 4
+            splits = [r + 1 for r in range(comm.size)]
+            x = nn.NdArray.from_numpy_array(np.ones((sum(splits), 4)))
+            y, received = comm.alltoall(x, splits=splits)
+            # y: (size * (rank + 1), 4); received: [rank + 1] * size
+        """
+        cdef _Group g = self._member(group)
+        cdef Py_ssize_t ranks = len(g.ranks)
+        cdef _Sent sent = None
+        mine = np.zeros((ranks, _HEAD), np.int64)
+        error = rows = None
+        try:
+            sent = _sent(send, "send", self._cuda)
+            rows = _split(sent, splits, ranks)
+            if recv is None:
+                _check_makeable(sent, "recv")
+            else:
+                _check_receivers(sent, [recv], "recv")
+                _check_apart(sent, recv)
+                mine[:, _STATE] = _RECV
+            mine[:, _COUNT] = rows
+            mine[:, _LAYOUT] = sent.layout(True)
+        except (TypeError, ValueError) as e:
+            mine[:, _STATE] = _BAD
+            error = e
+        heads = _exchange_heads(g, mine, True)
+        _check_heads(heads, error, "alltoall", group, sent, True)
+        received = heads[:, _COUNT].tolist()
+        row = sent.row()
+        if (heads[:, _STATE] & _RECV).any():
+            # Only this rank knows the size its recv must have.
+            wrong = None
+            if recv is not None and elements(recv) != sum(received) * row:
+                wrong = (f"recv has {elements(recv)} elements; the "
+                         f"{sum(received)} rows received have "
+                         f"{sum(received) * row}")
+            _agree_alone(g, wrong, "alltoall", group,
+                         "passed a recv of the wrong size")
+        if recv is None:
+            recv = _new_array(sent, (sum(received),) + sent.shape[1:])
+        cdef _CallMemory m = _call_memory(g, sent, [recv], "recv",
+                                          self._ctx, self._cuda)
+        cdef vector[size_t] send_counts = [r * row for r in rows]
+        cdef vector[size_t] recv_counts = [r * row for r in received]
+        cdef Status status
+        with nogil:
+            if m.devices == NULL:
+                status = deref(g.core).alltoall(m.send[0], send_counts,
+                                                m.recv[0], recv_counts)
+            else:
+                status = m.devices.alltoall(m.stream, m.send[0], send_counts,
+                                            m.recv[0], recv_counts)
+        CHKSTATUS(status)
+        return recv, received
 
     def reduce_scatter(self, ndarray_list, ndarray, bint division=False,
                        group="world"):

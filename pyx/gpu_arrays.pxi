@@ -57,11 +57,7 @@ cdef GpuArrays collect_gpu(list arrays, str what, dtype):
     for i, x in enumerate(arrays):
         interface = x.__cuda_array_interface__
         dt = np.dtype(interface["typestr"])
-        code = _DTYPE_CODES.get(dt)
-        if code is None:
-            raise TypeError(
-                f"{what}[{i}] has dtype {dt}; nncomm communicates "
-                f"float32, float64, float16, int32 and int64")
+        code = dtype_code(dt, f"{what}[{i}]")
         if dtype is not None and dt != dtype:
             raise TypeError(f"{what}[{i}] is {dt}; {dtype} expected")
         shape = tuple(interface["shape"])
@@ -95,11 +91,13 @@ cdef GpuArrays collect_gpu(list arrays, str what, dtype):
     return self
 
 
-cdef int check_same_stream(GpuArrays a, GpuArrays b) except -1:
-    """Refuses the two sides of a call coming from different streams."""
+cdef int check_same_stream(GpuArrays a, GpuArrays b,
+                           str names="ndarray and ndarray_list") except -1:
+    """Refuses the two sides of a call (`names`) coming from different
+    streams."""
     if a.stream != b.stream:
         raise ValueError(
-            f"ndarray and ndarray_list come from different CUDA streams "
+            f"{names} come from different CUDA streams "
             f"({<uintptr_t>a.stream} and {<uintptr_t>b.stream}); synchronise "
             f"them onto one first")
     return 0

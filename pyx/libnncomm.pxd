@@ -87,6 +87,11 @@ cdef extern from "nncomm/group.hpp" namespace "nncomm" nogil:
                       bool division, bool fuse)
         Status bcast(const vector[ArrayRef]& arrays, int root, bool fuse)
         Status all_gather(const ArrayRef& send, const vector[ArrayRef]& recv)
+        Status all_gatherv(const ArrayRef& send, const vector[size_t]& counts,
+                           const vector[ArrayRef]& recv)
+        Status alltoall(const ArrayRef& send, const vector[size_t]& send_counts,
+                        const ArrayRef& recv,
+                        const vector[size_t]& recv_counts)
         Status reduce_scatter(const vector[ArrayRef]& send,
                               const ArrayRef& recv, bool division)
 
@@ -110,6 +115,13 @@ cdef extern from "nncomm/device_group.hpp" namespace "nncomm" nogil:
                      int root, bool fuse)
         Status all_gather(CudaStream compute, const ArrayRef& send,
                           const vector[ArrayRef]& recv)
+        Status all_gatherv(CudaStream compute, const ArrayRef& send,
+                           const vector[size_t]& counts,
+                           const vector[ArrayRef]& recv)
+        Status alltoall(CudaStream compute, const ArrayRef& send,
+                        const vector[size_t]& send_counts,
+                        const ArrayRef& recv,
+                        const vector[size_t]& recv_counts)
         Status reduce_scatter(CudaStream compute, const vector[ArrayRef]& send,
                               const ArrayRef& recv, bool division)
 

@@ -180,6 +180,12 @@ public:
         .add(static_cast<uint64_t>(root))
         .add(static_cast<uint64_t>(options));
   }
+  // For collectives whose sizes differ between ranks: only the dtype is
+  // the same everywhere.
+  CallSignature &add_dtype(DType dtype) {
+    fingerprint_.add(static_cast<uint64_t>(dtype));
+    return *this;
+  }
   CallSignature &add_arrays(const std::vector<ArrayRef> &arrays) {
     fingerprint_.add(arrays.size());
     for (const ArrayRef &a : arrays) {
@@ -202,6 +208,25 @@ Status check_same_call(Transport &transport,
     return Status::Ok();
   return transport.check_call(signature.value(),
                               checks == config::CallChecks::kEvery);
+}
+
+// Gathers into the memory's buffer (`gather(buffer)`), laid out as
+// `blocks`, then copies block r into recv[r].
+template <typename Gather>
+Status gather_through_buffer(ArrayMemory &memory, const Blocks &blocks,
+                             DType dt, const std::vector<ArrayRef> &recv,
+                             Gather gather) {
+  const size_t size = dtype_size(dt);
+  char *buffer = nullptr;
+  NNCOMM_RETURN_IF_ERROR(
+      fail_alone(memory.reserve(blocks.extent() * size, &buffer)));
+  NNCOMM_RETURN_IF_ERROR(gather(buffer));
+  for (size_t r = 0; r < recv.size(); ++r) {
+    NNCOMM_RETURN_IF_ERROR(memory.copy(recv[r].ptr,
+                                       buffer + blocks.offsets[r] * size,
+                                       blocks.counts[r] * size));
+  }
+  return Status::Ok();
 }
 
 } // namespace
@@ -343,17 +368,39 @@ Status all_gather(Transport &transport, ArrayMemory &memory,
   if (recv.size() == 1) {
     return transport.allgather(send.ptr, recv[0].ptr, send.count, send.dtype);
   }
-  const size_t block = send.count * dtype_size(send.dtype);
-  char *buffer = nullptr;
-  NNCOMM_RETURN_IF_ERROR(
-      fail_alone(memory.reserve(block * recv.size(), &buffer)));
-  NNCOMM_RETURN_IF_ERROR(
-      transport.allgather(send.ptr, buffer, send.count, send.dtype));
-  for (size_t r = 0; r < recv.size(); ++r) {
-    NNCOMM_RETURN_IF_ERROR(
-        memory.copy(recv[r].ptr, buffer + r * block, block));
-  }
-  return Status::Ok();
+  return gather_through_buffer(
+      memory, Blocks::packed(std::vector<size_t>(recv.size(), send.count)),
+      send.dtype, recv, [&](char *buffer) {
+        return transport.allgather(send.ptr, buffer, send.count, send.dtype);
+      });
+}
+
+Status all_gatherv(Transport &transport, ArrayMemory &memory,
+                   const ArrayRef &send, const std::vector<size_t> &counts,
+                   const std::vector<ArrayRef> &recv) {
+  OperationLabel label("all_gather of %zu elements from this rank",
+                       send.count);
+  NNCOMM_RETURN_IF_ERROR(check_same_call(
+      transport, CallSignature("all_gatherv", 0, 0).add_dtype(send.dtype)));
+  const Blocks blocks = Blocks::packed(counts);
+  const auto gather = [&](void *into) {
+    return transport.allgatherv(send.ptr, send.count, into, blocks,
+                                send.dtype);
+  };
+  if (recv.size() == 1)
+    return gather(recv[0].ptr);
+  return gather_through_buffer(memory, blocks, send.dtype, recv, gather);
+}
+
+Status alltoall(Transport &transport, const ArrayRef &send,
+                const std::vector<size_t> &send_counts, const ArrayRef &recv,
+                const std::vector<size_t> &recv_counts) {
+  OperationLabel label("alltoall of %zu elements from this rank",
+                       send.count);
+  NNCOMM_RETURN_IF_ERROR(check_same_call(
+      transport, CallSignature("alltoall", 0, 0).add_dtype(send.dtype)));
+  return transport.alltoallv(send.ptr, Blocks::packed(send_counts), recv.ptr,
+                             Blocks::packed(recv_counts), send.dtype);
 }
 
 Status reduce_scatter(Transport &transport, ArrayMemory &memory,

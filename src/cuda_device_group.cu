@@ -184,6 +184,23 @@ Status DeviceGroup::all_gather(CudaStream compute, const ArrayRef &send,
   });
 }
 
+Status DeviceGroup::all_gatherv(CudaStream compute, const ArrayRef &send,
+                                const std::vector<size_t> &counts,
+                                const std::vector<ArrayRef> &recv) {
+  return ordered(compute, [&](Transport &t, ArrayMemory &m) {
+    return nncomm::all_gatherv(t, m, send, counts, recv);
+  });
+}
+
+Status DeviceGroup::alltoall(CudaStream compute, const ArrayRef &send,
+                             const std::vector<size_t> &send_counts,
+                             const ArrayRef &recv,
+                             const std::vector<size_t> &recv_counts) {
+  return ordered(compute, [&](Transport &t, ArrayMemory &) {
+    return nncomm::alltoall(t, send, send_counts, recv, recv_counts);
+  });
+}
+
 Status DeviceGroup::reduce_scatter(CudaStream compute,
                                    const std::vector<ArrayRef> &send,
                                    const ArrayRef &recv, bool division) {

@@ -47,6 +47,18 @@ Status DeviceGroup::all_gather(CudaStream, const ArrayRef &,
   return unavailable();
 }
 
+Status DeviceGroup::all_gatherv(CudaStream, const ArrayRef &,
+                                const std::vector<size_t> &,
+                                const std::vector<ArrayRef> &) {
+  return unavailable();
+}
+
+Status DeviceGroup::alltoall(CudaStream, const ArrayRef &,
+                             const std::vector<size_t> &, const ArrayRef &,
+                             const std::vector<size_t> &) {
+  return unavailable();
+}
+
 Status DeviceGroup::reduce_scatter(CudaStream, const std::vector<ArrayRef> &,
                                    const ArrayRef &, bool) {
   return unavailable();

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cuda_calls.hpp"
 #include "nncomm/host_ops.hpp"
@@ -201,6 +202,52 @@ Status NcclTransport::start_reduce_scatter(const void *send, void *recv,
                               stream_);
   };
   return start("ncclReduceScatter", dt, 1.0f, divisor, enqueue, work);
+}
+
+nccl::Result NcclTransport::exchange(const void *send, const Blocks &to,
+                                     void *recv, const Blocks &from,
+                                     DType dt) const {
+  const size_t elem = dtype_size(dt);
+  nccl::Result result = api_.GroupStart();
+  if (result != nccl::kSuccess)
+    return result;
+  for (int r = 0; r < size() && result == nccl::kSuccess; ++r) {
+    if (to.counts[r] > 0) {
+      result = api_.Send(static_cast<const char *>(send) + to.offsets[r] * elem,
+                         to.counts[r], nccl_type(dt), r, comm_, stream_);
+    }
+    if (result == nccl::kSuccess && from.counts[r] > 0) {
+      result = api_.Recv(static_cast<char *>(recv) + from.offsets[r] * elem,
+                         from.counts[r], nccl_type(dt), r, comm_, stream_);
+    }
+  }
+  // Closed after a failure too: a group left open would take in this
+  // thread's next NCCL calls.
+  const nccl::Result ended = api_.GroupEnd();
+  return result != nccl::kSuccess ? result : ended;
+}
+
+Status NcclTransport::start_alltoallv(const void *send,
+                                      const Blocks &send_blocks, void *recv,
+                                      const Blocks &recv_blocks, DType dt,
+                                      WorkPtr *work) {
+  const auto enqueue = [&](nccl::RedOp) {
+    return exchange(send, send_blocks, recv, recv_blocks, dt);
+  };
+  return start("ncclSend/ncclRecv", dt, 1.0f, 1, enqueue, work);
+}
+
+// NCCL has no all-gather of blocks that differ in size: every rank sends
+// its whole `send` to each rank.
+Status NcclTransport::start_allgatherv(const void *send, size_t count,
+                                       void *recv, const Blocks &blocks,
+                                       DType dt, WorkPtr *work) {
+  const Blocks whole{std::vector<size_t>(size(), count),
+                     std::vector<size_t>(size(), 0)};
+  const auto enqueue = [&](nccl::RedOp) {
+    return exchange(send, whole, recv, blocks, dt);
+  };
+  return start("ncclSend/ncclRecv", dt, 1.0f, 1, enqueue, work);
 }
 
 } // namespace nncomm

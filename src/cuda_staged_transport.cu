@@ -138,6 +138,22 @@ CudaStream StagedTransport::stream() const { return device_->stream; }
 
 namespace {
 
+// The copies of `blocks` (of elements of `size` bytes) from `staged` back
+// to `device`, each block to its own place: the bytes between blocks are
+// not the operation's to write.
+std::vector<Copy> blocks_back(const Blocks &blocks, size_t size,
+                              const char *staged, void *device) {
+  std::vector<Copy> copies;
+  for (size_t r = 0; r < blocks.counts.size(); ++r) {
+    const size_t at = blocks.offsets[r] * size;
+    if (blocks.counts[r] > 0) {
+      copies.push_back({static_cast<char *>(device) + at, staged + at,
+                        blocks.counts[r] * size});
+    }
+  }
+  return copies;
+}
+
 // Starts `staged` and hands it out.
 template <typename W> Status started(std::unique_ptr<W> staged, WorkPtr *work) {
   NNCOMM_RETURN_IF_ERROR(staged->begin());
@@ -237,6 +253,48 @@ Status StagedTransport::start_reduce_scatter(const void *send, void *recv,
                      },
                      {{recv, pinned + all, block}})),
                  work);
+}
+
+// The blocks keep their offsets in pinned memory, so the host operation
+// takes them as they are.
+Status StagedTransport::start_alltoallv(const void *send,
+                                        const Blocks &send_blocks, void *recv,
+                                        const Blocks &recv_blocks, DType dt,
+                                        WorkPtr *work) {
+  const size_t size = dtype_size(dt);
+  const size_t in = send_blocks.extent() * size;
+  NNCOMM_RETURN_IF_ERROR(
+      device_->reserve(in + recv_blocks.extent() * size));
+  char *pinned = device_->pinned;
+  Transport *host = host_.get();
+  return started(
+      std::unique_ptr<Staged>(new Staged(
+          *device_, {{pinned, send, in}},
+          [=](WorkPtr *w) {
+            return host->start_alltoallv(pinned, send_blocks, pinned + in,
+                                         recv_blocks, dt, w);
+          },
+          blocks_back(recv_blocks, size, pinned + in, recv))),
+      work);
+}
+
+Status StagedTransport::start_allgatherv(const void *send, size_t count,
+                                         void *recv, const Blocks &blocks,
+                                         DType dt, WorkPtr *work) {
+  const size_t size = dtype_size(dt);
+  const size_t in = count * size;
+  NNCOMM_RETURN_IF_ERROR(device_->reserve(in + blocks.extent() * size));
+  char *pinned = device_->pinned;
+  Transport *host = host_.get();
+  return started(
+      std::unique_ptr<Staged>(new Staged(
+          *device_, {{pinned, send, in}},
+          [=](WorkPtr *w) {
+            return host->start_allgatherv(pinned, count, pinned + in, blocks,
+                                          dt, w);
+          },
+          blocks_back(blocks, size, pinned + in, recv))),
+      work);
 }
 
 Status StagedTransport::start_barrier(WorkPtr *work) {

@@ -88,6 +88,21 @@ Status Group::all_gather(const ArrayRef &send,
   return nncomm::all_gather(*transport_, memory_, send, recv);
 }
 
+Status Group::all_gatherv(const ArrayRef &send,
+                          const std::vector<size_t> &counts,
+                          const std::vector<ArrayRef> &recv) {
+  NNCOMM_IN_TURN();
+  return nncomm::all_gatherv(*transport_, memory_, send, counts, recv);
+}
+
+Status Group::alltoall(const ArrayRef &send,
+                       const std::vector<size_t> &send_counts,
+                       const ArrayRef &recv,
+                       const std::vector<size_t> &recv_counts) {
+  NNCOMM_IN_TURN();
+  return nncomm::alltoall(*transport_, send, send_counts, recv, recv_counts);
+}
+
 Status Group::reduce_scatter(const std::vector<ArrayRef> &send,
                              const ArrayRef &recv, bool division) {
   NNCOMM_IN_TURN();

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <numeric>
 #include <string>
 #include <thread>
 
@@ -208,6 +209,17 @@ int piece_count(size_t i, size_t step, size_t count) {
 size_t pieces_of(size_t count, size_t step) {
   return std::max<size_t>(1, (count + step - 1) / step);
 }
+
+// Blocks as MPI's large-count calls take them, 64-bit, so that no block
+// is cut into pieces. MPI reads them until the operation completes: the
+// operation's call keeps them.
+struct MpiBlocks {
+  std::vector<MPI_Count> counts;
+  std::vector<MPI_Aint> offsets;
+  explicit MpiBlocks(const Blocks &b)
+      : counts(b.counts.begin(), b.counts.end()),
+        offsets(b.offsets.begin(), b.offsets.end()) {}
+};
 
 // buf /= divisor, element-wise in `dt`, in place.
 void divide(void *buf, size_t count, DType dt, int divisor) {
@@ -465,6 +477,39 @@ Status MpiTransport::start_reduce_scatter(const void *send, void *recv,
           divide(recv, count, dt, divisor);
       },
       work);
+}
+
+Status MpiTransport::start_alltoallv(const void *send,
+                                     const Blocks &send_blocks, void *recv,
+                                     const Blocks &recv_blocks, DType dt,
+                                     WorkPtr *work) {
+  // The counts differ from rank to rank; the ranks' number does not.
+  NNCOMM_RETURN_IF_ERROR(begin(operation("alltoallv", size_, dt)));
+  const MPI_Comm comm = comm_;
+  const auto call = [=, from = MpiBlocks(send_blocks),
+                     to = MpiBlocks(recv_blocks)](size_t,
+                                                  MPI_Request *request) {
+    return MPI_Ialltoallv_c(send, from.counts.data(), from.offsets.data(),
+                            mpi_type(dt), recv, to.counts.data(),
+                            to.offsets.data(), mpi_type(dt), comm, request);
+  };
+  return start_pieces("MPI_Ialltoallv_c", 1, call, no_finish, work);
+}
+
+Status MpiTransport::start_allgatherv(const void *send, size_t count,
+                                      void *recv, const Blocks &blocks,
+                                      DType dt, WorkPtr *work) {
+  const size_t total = std::accumulate(blocks.counts.begin(),
+                                       blocks.counts.end(), size_t(0));
+  NNCOMM_RETURN_IF_ERROR(begin(operation("allgatherv", total, dt)));
+  const MPI_Comm comm = comm_;
+  const auto call = [=, to = MpiBlocks(blocks)](size_t,
+                                                MPI_Request *request) {
+    return MPI_Iallgatherv_c(send, static_cast<MPI_Count>(count),
+                             mpi_type(dt), recv, to.counts.data(),
+                             to.offsets.data(), mpi_type(dt), comm, request);
+  };
+  return start_pieces("MPI_Iallgatherv_c", 1, call, no_finish, work);
 }
 
 Status MpiTransport::start_barrier(WorkPtr *work) {

@@ -46,6 +46,10 @@ Status load(const std::string &path, NcclApi *api) {
       {"ncclAllGather", bind(library, "ncclAllGather", &api->AllGather)},
       {"ncclReduceScatter",
        bind(library, "ncclReduceScatter", &api->ReduceScatter)},
+      {"ncclGroupStart", bind(library, "ncclGroupStart", &api->GroupStart)},
+      {"ncclGroupEnd", bind(library, "ncclGroupEnd", &api->GroupEnd)},
+      {"ncclSend", bind(library, "ncclSend", &api->Send)},
+      {"ncclRecv", bind(library, "ncclRecv", &api->Recv)},
   };
   for (const auto &s : symbols) {
     if (!s.bound) {

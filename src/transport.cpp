@@ -1,8 +1,28 @@
 #include "nncomm/transport.hpp"
 
+#include <algorithm>
+
 #include "nncomm/wait.hpp"
 
 namespace nncomm {
+
+Blocks Blocks::packed(std::vector<size_t> counts) {
+  Blocks blocks;
+  size_t offset = 0;
+  for (size_t count : counts) {
+    blocks.offsets.push_back(offset);
+    offset += count;
+  }
+  blocks.counts = std::move(counts);
+  return blocks;
+}
+
+size_t Blocks::extent() const {
+  size_t end = 0;
+  for (size_t r = 0; r < counts.size(); ++r)
+    end = std::max(end, offsets[r] + counts[r]);
+  return end;
+}
 
 namespace {
 // Waits for the operation `started` opened, as `polling` says.
@@ -45,6 +65,22 @@ Status Transport::reduce_scatter(const void *send, void *recv, size_t count,
   return complete(
       *this, start_reduce_scatter(send, recv, count, dt, divisor, &work),
       work);
+}
+
+Status Transport::alltoallv(const void *send, const Blocks &send_blocks,
+                            void *recv, const Blocks &recv_blocks, DType dt) {
+  WorkPtr work;
+  return complete(*this,
+                  start_alltoallv(send, send_blocks, recv, recv_blocks, dt,
+                                  &work),
+                  work);
+}
+
+Status Transport::allgatherv(const void *send, size_t count, void *recv,
+                             const Blocks &blocks, DType dt) {
+  WorkPtr work;
+  return complete(
+      *this, start_allgatherv(send, count, recv, blocks, dt, &work), work);
 }
 
 Status Transport::barrier() {

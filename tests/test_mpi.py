@@ -11,7 +11,7 @@ import pytest
 from launcher import RANK_COUNTS, run_job, run_worker
 
 WORKERS = ["basics", "all_reduce", "rooted", "gather_scatter", "zeroing",
-           "parameters", "errors"]
+           "parameters", "errors", "alltoall_gatherv"]
 
 
 @pytest.mark.parametrize("n", RANK_COUNTS)

@@ -1,5 +1,6 @@
 // List collectives: nnabla's all_reduce / reduce / bcast over a list of
-// arrays, all_gather and reduce_scatter, built on a Transport.
+// arrays, all_gather and reduce_scatter, and Horovod's alltoall and
+// allgather of blocks that differ in size, built on a Transport.
 //
 // Fusion: with `fuse` set (nnabla's inplace=False), arrays smaller than
 // config::direct_bytes() are packed per dtype into the memory's fusion
@@ -67,6 +68,20 @@ Status bcast_list(Transport &transport, ArrayMemory &memory,
 // readings agree).
 Status all_gather(Transport &transport, ArrayMemory &memory,
                   const ArrayRef &send, const std::vector<ArrayRef> &recv);
+
+// Rank r's `send`, of `counts[r]` elements, lands in recv[r]; or, with one
+// `recv` array of the counts' sum, after those of the ranks before r.
+// Every rank passes the same `counts`.
+Status all_gatherv(Transport &transport, ArrayMemory &memory,
+                   const ArrayRef &send, const std::vector<size_t> &counts,
+                   const std::vector<ArrayRef> &recv);
+
+// `send` holds `send_counts[s]` elements for each rank s, back to back in
+// rank order; rank s receives them in its `recv`, after those of the ranks
+// before this one. `recv_counts[r]` is what rank r sends here.
+Status alltoall(Transport &transport, const ArrayRef &send,
+                const std::vector<size_t> &send_counts, const ArrayRef &recv,
+                const std::vector<size_t> &recv_counts);
 
 // Rank r receives the sum (the mean with `division`) of every rank's
 // send[r]; or, with one `send` array, of its r-th block.

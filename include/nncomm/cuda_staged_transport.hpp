@@ -41,6 +41,12 @@ public:
                          DType dt, WorkPtr *work) override;
   Status start_reduce_scatter(const void *send, void *recv, size_t count,
                               DType dt, int divisor, WorkPtr *work) override;
+  Status start_alltoallv(const void *send, const Blocks &send_blocks,
+                         void *recv, const Blocks &recv_blocks, DType dt,
+                         WorkPtr *work) override;
+  Status start_allgatherv(const void *send, size_t count, void *recv,
+                          const Blocks &blocks, DType dt,
+                          WorkPtr *work) override;
   Status start_barrier(WorkPtr *work) override;
   Status agree(uint64_t value, bool *same) override {
     return host_->agree(value, same);

@@ -54,6 +54,13 @@ public:
                int root, bool fuse);
   Status all_gather(CudaStream compute, const ArrayRef &send,
                     const std::vector<ArrayRef> &recv);
+  Status all_gatherv(CudaStream compute, const ArrayRef &send,
+                     const std::vector<size_t> &counts,
+                     const std::vector<ArrayRef> &recv);
+  Status alltoall(CudaStream compute, const ArrayRef &send,
+                  const std::vector<size_t> &send_counts,
+                  const ArrayRef &recv,
+                  const std::vector<size_t> &recv_counts);
   Status reduce_scatter(CudaStream compute, const std::vector<ArrayRef> &send,
                         const ArrayRef &recv, bool division);
 

@@ -55,6 +55,11 @@ public:
                 bool fuse);
   Status bcast(const std::vector<ArrayRef> &arrays, int root, bool fuse);
   Status all_gather(const ArrayRef &send, const std::vector<ArrayRef> &recv);
+  Status all_gatherv(const ArrayRef &send, const std::vector<size_t> &counts,
+                     const std::vector<ArrayRef> &recv);
+  Status alltoall(const ArrayRef &send, const std::vector<size_t> &send_counts,
+                  const ArrayRef &recv,
+                  const std::vector<size_t> &recv_counts);
   Status reduce_scatter(const std::vector<ArrayRef> &send,
                         const ArrayRef &recv, bool division);
 

@@ -56,6 +56,14 @@ struct NcclApi {
   nccl::Result (*ReduceScatter)(const void *send, void *recv, size_t count,
                                 nccl::DataType dt, nccl::RedOp op,
                                 nccl::Comm comm, CudaStream stream);
+  // Sends and receives between GroupStart and GroupEnd run as one
+  // operation (NCCL 2.7 and newer).
+  nccl::Result (*GroupStart)();
+  nccl::Result (*GroupEnd)();
+  nccl::Result (*Send)(const void *send, size_t count, nccl::DataType dt,
+                       int peer, nccl::Comm comm, CudaStream stream);
+  nccl::Result (*Recv)(void *recv, size_t count, nccl::DataType dt, int peer,
+                       nccl::Comm comm, CudaStream stream);
 };
 
 // The NCCL at `path` (empty: "libnccl.so.2" as the dynamic loader finds

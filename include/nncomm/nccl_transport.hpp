@@ -42,6 +42,12 @@ public:
                          DType dt, WorkPtr *work) override;
   Status start_reduce_scatter(const void *send, void *recv, size_t count,
                               DType dt, int divisor, WorkPtr *work) override;
+  Status start_alltoallv(const void *send, const Blocks &send_blocks,
+                         void *recv, const Blocks &recv_blocks, DType dt,
+                         WorkPtr *work) override;
+  Status start_allgatherv(const void *send, size_t count, void *recv,
+                          const Blocks &blocks, DType dt,
+                          WorkPtr *work) override;
   Status start_barrier(WorkPtr *work) override {
     return host_->start_barrier(work);
   }
@@ -64,6 +70,11 @@ private:
   Status start(const char *call, DType dt, float scale, int divisor,
                Enqueue enqueue, WorkPtr *work);
   Status nccl_status(nccl::Result result, const char *call) const;
+  // Enqueues as one NCCL group, for each rank r, the send of block r of
+  // `send` to r and the receive of block r of `recv` from r (empty blocks
+  // left out).
+  nccl::Result exchange(const void *send, const Blocks &to, void *recv,
+                        const Blocks &from, DType dt) const;
   Status reduction(DType dt, float scale, int divisor, nccl::RedOp *op,
                    bool *created);
 

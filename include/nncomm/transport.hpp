@@ -46,6 +46,18 @@ public:
 };
 using WorkPtr = std::unique_ptr<Work>;
 
+// Where each rank's block lies in a buffer: rank r's `counts[r]` elements
+// from element `offsets[r]` on.
+struct Blocks {
+  std::vector<size_t> counts;
+  std::vector<size_t> offsets;
+
+  // Blocks of `counts` back to back, in rank order.
+  static Blocks packed(std::vector<size_t> counts);
+  // Elements from the buffer's start to the end of its last block.
+  size_t extent() const;
+};
+
 class Transport {
 public:
   virtual ~Transport() = default;
@@ -74,6 +86,16 @@ public:
   virtual Status start_reduce_scatter(const void *send, void *recv,
                                       size_t count, DType dt, int divisor,
                                       WorkPtr *work) = 0;
+  // Block s of `send` goes to rank s, into its recv block for this rank;
+  // there, that block's count is this block's count here.
+  virtual Status start_alltoallv(const void *send, const Blocks &send_blocks,
+                                 void *recv, const Blocks &recv_blocks,
+                                 DType dt, WorkPtr *work) = 0;
+  // The `count` elements of `send` land in every rank's recv block for
+  // this rank: `blocks.counts[r]` is rank r's count, the same everywhere.
+  virtual Status start_allgatherv(const void *send, size_t count, void *recv,
+                                  const Blocks &blocks, DType dt,
+                                  WorkPtr *work) = 0;
   virtual Status start_barrier(WorkPtr *work) = 0;
 
   // Sets `*same` to whether every rank passed the same `value`.
@@ -94,6 +116,10 @@ public:
   Status allgather(const void *send, void *recv, size_t count, DType dt);
   Status reduce_scatter(const void *send, void *recv, size_t count, DType dt,
                         int divisor = 1);
+  Status alltoallv(const void *send, const Blocks &send_blocks, void *recv,
+                   const Blocks &recv_blocks, DType dt);
+  Status allgatherv(const void *send, size_t count, void *recv,
+                    const Blocks &blocks, DType dt);
   Status barrier();
 };
 

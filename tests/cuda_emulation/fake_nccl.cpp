@@ -203,6 +203,72 @@ nccl::Result reduce_scatter(const void *send, void *recv, size_t count,
   });
 }
 
+// The sends and receives of the NCCL group this thread has open, run
+// together, each as a nonblocking MPI call, when it closes (NCCL's group
+// state is per thread). All of one group's are on one communicator and
+// stream.
+struct PointToPoint {
+  bool send;
+  void *buffer;
+  int bytes;
+  int peer;
+};
+struct OpenGroup {
+  int depth = 0;
+  FakeComm comm;
+  CudaStream stream;
+  std::vector<PointToPoint> calls;
+};
+thread_local OpenGroup open_group;
+
+nccl::Result group_start() {
+  ++open_group.depth;
+  return nccl::kSuccess;
+}
+
+nccl::Result group_end() {
+  if (open_group.depth == 0)
+    return kInvalidArgument;
+  if (--open_group.depth > 0 || open_group.calls.empty())
+    return nccl::kSuccess;
+  const FakeComm c = open_group.comm;
+  std::vector<PointToPoint> calls = std::move(open_group.calls);
+  open_group.calls.clear();
+  return enqueue(open_group.stream, [c, calls] {
+    std::vector<MPI_Request> requests(calls.size());
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const PointToPoint &p = calls[i];
+      if (p.send)
+        MPI_Isend(p.buffer, p.bytes, MPI_BYTE, p.peer, 0, c.comm, &requests[i]);
+      else
+        MPI_Irecv(p.buffer, p.bytes, MPI_BYTE, p.peer, 0, c.comm, &requests[i]);
+    }
+    MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+  });
+}
+
+// A send or receive outside a group is a group of its own.
+nccl::Result point_to_point(bool send, const void *buffer, size_t count,
+                            nccl::DataType dt, int peer, nccl::Comm comm,
+                            CudaStream stream) {
+  group_start();
+  open_group.comm = *static_cast<FakeComm *>(comm);
+  open_group.stream = stream;
+  open_group.calls.push_back({send, const_cast<void *>(buffer),
+                              int(count * dtype_size(dtype_of(dt))), peer});
+  return group_end();
+}
+
+nccl::Result send_to(const void *send, size_t count, nccl::DataType dt,
+                     int peer, nccl::Comm comm, CudaStream stream) {
+  return point_to_point(true, send, count, dt, peer, comm, stream);
+}
+
+nccl::Result recv_from(void *recv, size_t count, nccl::DataType dt, int peer,
+                       nccl::Comm comm, CudaStream stream) {
+  return point_to_point(false, recv, count, dt, peer, comm, stream);
+}
+
 } // namespace
 
 const NcclApi &fake_nccl() {
@@ -211,6 +277,7 @@ const NcclApi &fake_nccl() {
       comm_destroy,  comm_destroy,        comm_get_async_error,
       premul_create, redop_destroy,       all_reduce,    reduce_to,
       broadcast,     all_gather,          reduce_scatter,
+      group_start,   group_end,           send_to,       recv_from,
   };
   return api;
 }
@@ -262,5 +329,15 @@ nccl::Result ncclReduceScatter(const void *send, void *recv, size_t count,
                                nccl::DataType dt, nccl::RedOp op,
                                nccl::Comm comm, CudaStream stream) {
   return reduce_scatter(send, recv, count, dt, op, comm, stream);
+}
+nccl::Result ncclGroupStart() { return group_start(); }
+nccl::Result ncclGroupEnd() { return group_end(); }
+nccl::Result ncclSend(const void *send, size_t count, nccl::DataType dt,
+                      int peer, nccl::Comm comm, CudaStream stream) {
+  return send_to(send, count, dt, peer, comm, stream);
+}
+nccl::Result ncclRecv(void *recv, size_t count, nccl::DataType dt, int peer,
+                      nccl::Comm comm, CudaStream stream) {
+  return recv_from(recv, count, dt, peer, comm, stream);
 }
 }

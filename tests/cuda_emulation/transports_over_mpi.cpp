@@ -154,6 +154,65 @@ void run(DeviceTransport &t, const char *what, Start start) {
   ok(t.lead(nullptr), what);
 }
 
+// Blocks of `count(me, r)` elements (sending) or `count(r, me)`
+// (receiving) for each rank r, `gap` elements apart.
+template <typename Count>
+Blocks spaced(Count count, bool sending, int me, size_t gap) {
+  Blocks b;
+  size_t at = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const size_t c = sending ? count(me, r) : count(r, me);
+    b.counts.push_back(c);
+    b.offsets.push_back(at);
+    at += c + gap;
+  }
+  return b;
+}
+
+// The operations of blocks that differ in size, with gaps between the
+// blocks, which must keep their -1s. alltoallv: rank q sends rank r
+// ((q + 2r) % 3) * n elements (none to some), from blocks one element
+// apart, into blocks two apart. allgatherv: rank q sends ((q + 1) % 3) * n.
+void check_blocks(DeviceTransport &t, DType dt, size_t n,
+                  const std::string &name) {
+  const auto count = [n](int q, int r) { return size_t((q + 2 * r) % 3) * n; };
+  const Blocks to = spaced(count, true, rank, 1);
+  const Blocks from = spaced(count, false, rank, 2);
+  DeviceArray sent(to.extent(), dt), got(from.extent() + 1, dt);
+  std::vector<double> source(sent.n), want(got.n, -1.0);
+  for (size_t j = 0; j < sent.n; ++j)
+    source[j] = input(rank, j);
+  for (int q = 0; q < ranks; ++q) {
+    const Blocks theirs = spaced(count, true, q, 1);
+    for (size_t i = 0; i < from.counts[q]; ++i)
+      want[from.offsets[q] + i] = input(q, theirs.offsets[rank] + i);
+  }
+  sent.write(source);
+  got.write(std::vector<double>(got.n, -1.0));
+  run(t, "alltoallv", [&](WorkPtr *w) {
+    return t.start_alltoallv(sent.device, to, got.device, from, dt, w);
+  });
+  expect(got.read(), want, name + "alltoallv");
+
+  const auto share = [n](int q, int) { return size_t((q + 1) % 3) * n; };
+  const Blocks all = spaced(share, false, rank, 2);
+  DeviceArray mine(share(rank, 0), dt), gathered(all.extent(), dt);
+  std::vector<double> values(mine.n), expected(gathered.n, -1.0);
+  for (size_t i = 0; i < mine.n; ++i)
+    values[i] = input(rank, i);
+  for (int q = 0; q < ranks; ++q) {
+    for (size_t i = 0; i < all.counts[q]; ++i)
+      expected[all.offsets[q] + i] = input(q, i);
+  }
+  mine.write(values);
+  gathered.write(std::vector<double>(gathered.n, -1.0));
+  run(t, "allgatherv", [&](WorkPtr *w) {
+    return t.start_allgatherv(mine.device, mine.n, gathered.device, all, dt,
+                              w);
+  });
+  expect(gathered.read(), expected, name + "allgatherv");
+}
+
 void check_dtype(DeviceTransport &t, DType dt, size_t n) {
   const std::string name = "dtype " + std::to_string(int(dt)) + ", " +
                            std::to_string(n) + " elements: ";
@@ -235,6 +294,8 @@ void check_dtype(DeviceTransport &t, DType dt, size_t n) {
   });
   expect(a.read(), divided_by(scattered, divisor, dt),
          name + "reduce_scatter");
+
+  check_blocks(t, dt, n, name);
 }
 
 // The list collectives (collectives.hpp) on device memory: fused and direct
@@ -372,6 +433,33 @@ void check_lists(DeviceTransport &t, ArrayMemory &memory) {
   }
   expect(mine.read(), divided_by(sum, ranks, DType::kFloat32),
          "reduce_scatter");
+
+  // Rank r's first r + 2 elements of row(r, 1), gathered into one array
+  // per rank through the memory's buffer.
+  std::vector<size_t> sizes;
+  std::vector<std::unique_ptr<DeviceArray>> parts;
+  std::vector<ArrayRef> part_refs;
+  const auto head = [&](int r) {
+    std::vector<double> v = row(r, 1);
+    v.resize(r + 2);
+    return v;
+  };
+  for (int r = 0; r < ranks; ++r) {
+    sizes.push_back(r + 2);
+    parts.emplace_back(new DeviceArray(r + 2, DType::kFloat32));
+    parts.back()->write(std::vector<double>(r + 2, -1.0));
+    part_refs.push_back({parts.back()->device, sizes[r], DType::kFloat32});
+  }
+  std::vector<double> padded = head(rank);
+  padded.resize(block, 0.0);
+  mine.write(padded);
+  ok(t.follow(nullptr), "follow");
+  ok(all_gatherv(t, memory, {mine.device, sizes[rank], DType::kFloat32},
+                 sizes, part_refs),
+     "all_gatherv");
+  ok(t.lead(nullptr), "lead");
+  for (int r = 0; r < ranks; ++r)
+    expect(parts[r]->read(), head(r), "all_gatherv block " + std::to_string(r));
 }
 
 // The group's engine (what all_reduce_callback and gradient_reducer run
@@ -439,6 +527,27 @@ std::string check_group() {
        "DeviceGroup::bcast");
     expect(a.read(), sum, "DeviceGroup::bcast");
   }
+  // Rank q sends each rank r its q + 1 elements input(q, r * (q + 1) + i),
+  // through the group, ordered with the compute stream.
+  std::vector<size_t> out_counts(ranks, rank + 1), in_counts;
+  std::vector<double> expected;
+  for (int q = 0; q < ranks; ++q) {
+    in_counts.push_back(q + 1);
+    for (int i = 0; i <= q; ++i)
+      expected.push_back(input(q, rank * (q + 1) + i));
+  }
+  const size_t mine_total = ranks * (rank + 1);
+  std::vector<double> out_values(mine_total);
+  for (size_t j = 0; j < mine_total; ++j)
+    out_values[j] = input(rank, j);
+  DeviceArray out(mine_total, DType::kFloat32);
+  DeviceArray in(expected.size(), DType::kFloat32);
+  out.write(out_values);
+  ok(devices->alltoall(nullptr, {out.device, out.n, DType::kFloat32},
+                       out_counts, {in.device, in.n, DType::kFloat32},
+                       in_counts),
+     "DeviceGroup::alltoall");
+  expect(in.read(), expected, "DeviceGroup::alltoall");
   check_engine(*devices, a, b);
   return devices->transport_name();
 }

@@ -55,6 +55,10 @@ refused("all_gather",
 refused("reduce_scatter",
         lambda: comm.reduce_scatter([nd(np.ones(6, np.float32))
                                      for _ in range(n)], a))
+refused("alltoall", lambda: comm.alltoall(nd(np.ones((2 * n, 3),
+                                                    np.float32))))
+refused("all_gather into a new array",
+        lambda: comm.all_gather(nd(np.ones((comm.rank + 1, 3), np.float32))))
 refused("gradient_reducer", lambda: comm.gradient_reducer([a], 64))
 
 x, t, loss, names, params = three_layer_mlp(5)

@@ -8,7 +8,8 @@ here (a build without CUDA, or the CUDA runtime's own words: no driver, no
 device, not device memory), never a hang.
 
 MODE cupy (a GPU machine with CuPy): every collective on CuPy arrays
-against numpy, on the transport NNCOMM_GPU_TRANSPORT chooses.
+against numpy (alltoall and all_gather of sizes that differ between ranks
+included), on the transport NNCOMM_GPU_TRANSPORT chooses.
 
 Prints "gpu_arrays: N checks passed on R ranks" from rank 0.
 """
@@ -96,10 +97,32 @@ if MODE == "refused":
            lambda: comm.gradient_reducer(
                [HostDescribed(np.ones(3, np.int32))], 64),
            "integer gradients")
+    rows = HostDescribed(np.ones((SIZE * (RANK + 1), 2), np.float32))
+    raises(ValueError, "different CUDA streams",
+           lambda: comm.alltoall(rows, HostDescribed(
+               np.zeros((SIZE + SIZE * (SIZE - 1) // 2) * 2, np.float32),
+               stream=9)), "alltoall streams")
+    raises(TypeError, "GPU array",
+           lambda: comm.alltoall(rows, np.zeros(4, np.float32)),
+           "alltoall of GPU arrays into host memory")
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        # Every rank learns why no receiving array can be made here.
+        raises(TypeError, "CuPy", lambda: comm.alltoall(rows),
+               "alltoall into a new array without CuPy")
+        raises(TypeError, "CuPy", lambda: comm.all_gather(rows),
+               "all_gather into a new array without CuPy")
     # A valid call: every rank learns why the GPU path cannot run here.
+    received = (SIZE + SIZE * (SIZE - 1) // 2) * 2
     for call in (lambda: comm.all_reduce(HostDescribed(a)),
                  lambda: comm.bcast(HostDescribed(a), 0),
-                 lambda: comm.gradient_reducer([HostDescribed(a)], 64)):
+                 lambda: comm.gradient_reducer([HostDescribed(a)], 64),
+                 lambda: comm.alltoall(rows, HostDescribed(
+                     np.zeros(received, np.float32))),
+                 lambda: comm.all_gather(rows, [
+                     HostDescribed(np.zeros(2 * SIZE * (q + 1), np.float32))
+                     for q in range(SIZE)])):
         raises(RuntimeError, "CUDA", call, "no GPU path here")
 else:
     import cupy as cp
@@ -145,6 +168,39 @@ else:
     comm.reduce_scatter(blocks, out)
     check(np.array_equal(cp.asnumpy(out), sum(e[1] for e in everyone)),
           "reduce_scatter")
+
+    # Horovod's alltoall: rank q sends rank r q + r + 1 rows of 3, into a
+    # new CuPy array and into a given one.
+    counts = [RANK + r + 1 for r in range(SIZE)]
+    rows = (np.arange(sum(counts) * 3, dtype=np.float32).reshape(-1, 3)
+            + 1000 * RANK)
+    sent = world.allgather(rows)
+    expected = np.concatenate([
+        sent[q][sum(q + r + 1 for r in range(RANK)):][:q + RANK + 1]
+        for q in range(SIZE)])
+    got, received = comm.alltoall(cp.asarray(rows), splits=counts)
+    check(isinstance(got, cp.ndarray) and got.dtype == np.float32,
+          "alltoall makes a CuPy array")
+    check(np.array_equal(cp.asnumpy(got), expected), "alltoall new array")
+    check(received == [q + RANK + 1 for q in range(SIZE)],
+          "alltoall received splits")
+    given = cp.zeros(expected.size, cp.float32)
+    got, _ = comm.alltoall(cp.asarray(rows), given, counts)
+    check(got is given and np.array_equal(cp.asnumpy(given).reshape(-1, 3),
+                                          expected), "alltoall into recv")
+    # Horovod's allgather: rank q has q + 1 rows of 2, gathered into a new
+    # array, and into one array per rank.
+    mine_rows = cp.full((RANK + 1, 2), RANK, cp.int64)
+    everything = np.concatenate([np.full((q + 1, 2), q, np.int64)
+                                 for q in range(SIZE)])
+    got = comm.all_gather(mine_rows)
+    check(np.array_equal(cp.asnumpy(got), everything),
+          "all_gather into a new array")
+    parts = [cp.zeros(2 * (q + 1), cp.int64) for q in range(SIZE)]
+    comm.all_gather(mine_rows, parts)
+    for q in range(SIZE):
+        check(np.array_equal(cp.asnumpy(parts[q]), np.full(2 * (q + 1), q)),
+              f"all_gather into a list [{q}]")
     cp.cuda.get_current_stream().synchronize()
 
     def backward(weights, x, grads, order):

@@ -1,6 +1,7 @@
 #include "fake_transport.hpp"
 
 #include <cstring>
+#include <numeric>
 #include <sstream>
 #include <thread>
 
@@ -83,6 +84,8 @@ const char *kind_name(OpKind kind) {
   case OpKind::kBcast: return "bcast";
   case OpKind::kAllgather: return "allgather";
   case OpKind::kReduceScatter: return "reduce_scatter";
+  case OpKind::kAlltoallv: return "alltoallv";
+  case OpKind::kAllgatherv: return "allgatherv";
   case OpKind::kBarrier: return "barrier";
   case OpKind::kAgree: return "agree";
   case OpKind::kCheck: return "check of a call";
@@ -106,9 +109,10 @@ std::ostream &operator<<(std::ostream &out, const Call &call) {
 // One rank's side of an operation.
 class FakeWork : public nncomm::Work {
 public:
-  FakeWork(FakeWorld &world, int rank, size_t index, void *out, int divisor)
+  FakeWork(FakeWorld &world, int rank, size_t index, void *out, int divisor,
+           std::optional<nncomm::Blocks> blocks)
       : world_(world), rank_(rank), index_(index), out_(out),
-        divisor_(divisor) {}
+        divisor_(divisor), blocks_(std::move(blocks)) {}
 
   Status test(bool *done) override {
     *done = done_;
@@ -142,9 +146,13 @@ public:
       return Status::Ok();
     if (!op.computed)
       world_.compute(op);
+    if (!op.error.empty())
+      return Status::InvalidArgument("fake transport: " + op.error);
     const std::vector<char> result = std::move(op.results[rank_]);
     lock.unlock();
-    if (!result.empty())
+    if (blocks_)
+      place(result, mine.dtype);
+    else if (!result.empty())
       std::memcpy(out_, result.data(), result.size());
     if (divisor_ != 1) {
       nncomm::convert_scaled(out_, mine.dtype, out_, mine.dtype, mine.count,
@@ -170,11 +178,26 @@ public:
   std::string describe() const override { return world_.describe(index_); }
 
 private:
+  // Copies `result`, the blocks back to back, each to its place in out_.
+  void place(const std::vector<char> &result, DType dt) const {
+    const size_t elem = nncomm::dtype_size(dt);
+    size_t at = 0;
+    for (size_t r = 0; r < blocks_->counts.size(); ++r) {
+      const size_t bytes = blocks_->counts[r] * elem;
+      if (bytes > 0) {
+        std::memcpy(static_cast<char *>(out_) + blocks_->offsets[r] * elem,
+                    result.data() + at, bytes);
+      }
+      at += bytes;
+    }
+  }
+
   FakeWorld &world_;
   const int rank_;
   const size_t index_;
   void *const out_;
   const int divisor_;
+  const std::optional<nncomm::Blocks> blocks_;
   bool done_ = false;
 };
 
@@ -212,14 +235,15 @@ std::vector<Call> FakeWorld::calls(int rank) const {
 }
 
 size_t FakeWorld::arrive(int rank, const Call &call, const void *buffer,
-                         std::vector<char> share) {
+                         Arrival arrival) {
   std::lock_guard<std::mutex> lock(mutex_);
   const size_t index = logs_[rank].size();
   logs_[rank].push_back({call, buffer});
   Operation &op = operations_[index];
   op.arrivals.resize(size_);
-  op.arrivals[rank] = Arrival{call, Clock::now() + delays_[rank],
-                              std::move(share)};
+  arrival.call = call;
+  arrival.seen_at = Clock::now() + delays_[rank];
+  op.arrivals[rank] = std::move(arrival);
   return index;
 }
 
@@ -254,6 +278,11 @@ void FakeWorld::compute(Operation &op) const {
     for (int r = 0; r < size_; ++r)
       op.results[r] = sum_of(shares, r, bytes, call);
     break;
+  case OpKind::kAlltoallv:
+  case OpKind::kAllgatherv:
+    exchange_blocks(op, nncomm::dtype_size(call.dtype),
+                    call.kind == OpKind::kAlltoallv);
+    break;
   case OpKind::kBarrier:
     break;
   case OpKind::kAgree:
@@ -270,19 +299,55 @@ void FakeWorld::compute(Operation &op) const {
   op.computed = true;
 }
 
+void FakeWorld::exchange_blocks(Operation &op, size_t elem,
+                                bool own_blocks) const {
+  for (int to = 0; to < size_; ++to) {
+    const Arrival &receiver = *op.arrivals[to];
+    for (int from = 0; from < size_; ++from) {
+      const Arrival &sender = *op.arrivals[from];
+      const size_t count = sender.sends[to];
+      if (count != receiver.expects[from]) {
+        op.error = "world rank " + std::to_string(world_ranks_[from]) +
+                   " sends " + std::to_string(count) +
+                   " elements to world rank " +
+                   std::to_string(world_ranks_[to]) + ", which expects " +
+                   std::to_string(receiver.expects[from]);
+        return;
+      }
+      size_t at = 0;
+      for (int r = 0; own_blocks && r < to; ++r)
+        at += sender.sends[r];
+      const auto block = sender.share.begin() + at * elem;
+      op.results[to].insert(op.results[to].end(), block,
+                            block + count * elem);
+    }
+  }
+}
+
 std::string FakeWorld::describe(size_t index) const {
   return "operation " + std::to_string(index) +
          " on the group of world ranks " + rank_list(world_ranks_);
 }
 
 Status FakeTransport::start(const Call &call, const void *buffer,
-                            std::vector<char> share, void *out, int divisor,
+                            FakeWorld::Arrival arrival, void *out,
+                            int divisor, std::optional<nncomm::Blocks> blocks,
                             WorkPtr *work) {
   // As MpiTransport: nothing starts after a failed wait.
   NNCOMM_RETURN_IF_ERROR(nncomm::refuse_if_broken());
-  const size_t index = world_.arrive(rank_, call, buffer, std::move(share));
-  work->reset(new FakeWork(world_, rank_, index, out, divisor));
+  const size_t index = world_.arrive(rank_, call, buffer, std::move(arrival));
+  work->reset(
+      new FakeWork(world_, rank_, index, out, divisor, std::move(blocks)));
   return Status::Ok();
+}
+
+Status FakeTransport::start(const Call &call, const void *buffer,
+                            std::vector<char> share, void *out, int divisor,
+                            WorkPtr *work) {
+  FakeWorld::Arrival arrival;
+  arrival.share = std::move(share);
+  return start(call, buffer, std::move(arrival), out, divisor, std::nullopt,
+               work);
 }
 
 Status FakeTransport::start_allreduce(void *buf, size_t count, DType dt,
@@ -319,6 +384,39 @@ Status FakeTransport::start_reduce_scatter(const void *send, void *recv,
   return start({OpKind::kReduceScatter, count, dt}, send,
                copy_of(send, size() * count * nncomm::dtype_size(dt)), recv,
                divisor, work);
+}
+
+Status FakeTransport::start_alltoallv(const void *send,
+                                      const nncomm::Blocks &send_blocks,
+                                      void *recv,
+                                      const nncomm::Blocks &recv_blocks,
+                                      DType dt, WorkPtr *work) {
+  const size_t elem = nncomm::dtype_size(dt);
+  FakeWorld::Arrival arrival;
+  for (int r = 0; r < size(); ++r) {
+    const char *block =
+        static_cast<const char *>(send) + send_blocks.offsets[r] * elem;
+    arrival.share.insert(arrival.share.end(), block,
+                         block + send_blocks.counts[r] * elem);
+  }
+  arrival.sends = send_blocks.counts;
+  arrival.expects = recv_blocks.counts;
+  return start({OpKind::kAlltoallv, 0, dt}, send, std::move(arrival), recv, 1,
+               recv_blocks, work);
+}
+
+Status FakeTransport::start_allgatherv(const void *send, size_t count,
+                                       void *recv,
+                                       const nncomm::Blocks &blocks, DType dt,
+                                       WorkPtr *work) {
+  FakeWorld::Arrival arrival;
+  arrival.share = copy_of(send, count * nncomm::dtype_size(dt));
+  arrival.sends.assign(size(), count);
+  arrival.expects = blocks.counts;
+  const size_t total =
+      std::accumulate(blocks.counts.begin(), blocks.counts.end(), size_t(0));
+  return start({OpKind::kAllgatherv, total, dt}, send, std::move(arrival),
+               recv, 1, blocks, work);
 }
 
 Status FakeTransport::start_barrier(WorkPtr *work) {

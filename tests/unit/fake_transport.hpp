@@ -44,6 +44,8 @@ enum class OpKind {
   kBcast,
   kAllgather,
   kReduceScatter,
+  kAlltoallv,
+  kAllgatherv,
   kBarrier,
   kAgree,
   kCheck, // check_call()'s comparison
@@ -52,6 +54,8 @@ enum class OpKind {
 // What ranks must agree on for their operations to meet, as MpiTransport's
 // stall reports fingerprint it. Two ranks comparing calls (kCheck) meet
 // whatever their signatures: the comparison itself tells them apart.
+// The count of an alltoallv is 0 (its counts differ between ranks), that
+// of an allgatherv the sum of its blocks'.
 struct Call {
   OpKind kind;
   size_t count = 0;
@@ -103,18 +107,26 @@ private:
     Call call;
     Clock::time_point seen_at;   // by the other ranks
     std::vector<char> share;     // what the rank sends, copied when started
+    // Of an alltoallv or allgatherv: the elements the rank sends to each
+    // rank (its share holds them back to back) and expects from each.
+    std::vector<size_t> sends, expects;
   };
   struct Operation {
     std::vector<std::optional<Arrival>> arrivals; // by rank
     bool computed = false;
     std::vector<std::vector<char>> results; // by rank; empty: nothing comes
+    std::string error; // ranks whose counts do not match, where MPI fails
   };
 
   // Rank `rank` starts its next operation; returns the operation's index.
   size_t arrive(int rank, const Call &call, const void *buffer,
-                std::vector<char> share);
+                Arrival arrival);
   // Fills `op.results` from the shares, once every rank has arrived.
   void compute(Operation &op) const;
+  // An alltoallv's or allgatherv's results: rank r gets each rank's block
+  // for r (of an allgatherv: its whole share; `own_blocks`: the share's
+  // r-th block), or `op.error` names ranks whose counts do not match.
+  void exchange_blocks(Operation &op, size_t elem, bool own_blocks) const;
   std::string describe(size_t index) const;
 
   const int size_;
@@ -148,13 +160,30 @@ public:
                                       size_t count, nncomm::DType dt,
                                       int divisor,
                                       nncomm::WorkPtr *work) override;
+  nncomm::Status start_alltoallv(const void *send,
+                                 const nncomm::Blocks &send_blocks,
+                                 void *recv,
+                                 const nncomm::Blocks &recv_blocks,
+                                 nncomm::DType dt,
+                                 nncomm::WorkPtr *work) override;
+  nncomm::Status start_allgatherv(const void *send, size_t count, void *recv,
+                                  const nncomm::Blocks &blocks,
+                                  nncomm::DType dt,
+                                  nncomm::WorkPtr *work) override;
   nncomm::Status start_barrier(nncomm::WorkPtr *work) override;
   nncomm::Status agree(uint64_t value, bool *same) override;
   nncomm::Status check_call(uint64_t signature, bool always) override;
 
 private:
-  // Starts `call` with `share` as this rank's contribution; the result
-  // lands in `out`, divided by `divisor`.
+  // Starts `call` with `arrival` as this rank's side; the result lands in
+  // `out`, divided by `divisor`; with `blocks`, the result being the
+  // blocks received from each rank in rank order, as `blocks` lays them
+  // out.
+  nncomm::Status start(const Call &call, const void *buffer,
+                       FakeWorld::Arrival arrival, void *out, int divisor,
+                       std::optional<nncomm::Blocks> blocks,
+                       nncomm::WorkPtr *work);
+  // The same with `share` as this rank's contribution.
   nncomm::Status start(const Call &call, const void *buffer,
                        std::vector<char> share, void *out, int divisor,
                        nncomm::WorkPtr *work);

@@ -3,6 +3,7 @@
 // scattering, and calls that differ between ranks.
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <optional>
 
 #include "check.hpp"
@@ -334,6 +335,110 @@ TEST(all_gather_into_one_array_or_a_list) {
       }
     }
   }
+}
+
+TEST(all_gatherv_into_one_array_or_a_list) {
+  // Rank r contributes (2r + 1) % 5 elements (none from rank 2).
+  std::mt19937_64 rng(8);
+  const auto count = [](int r) { return size_t((2 * r + 1) % 5); };
+  for (int size : {1, 2, 3, 4}) {
+    for (DType dt : {DType::kFloat16, DType::kInt64}) {
+      std::vector<size_t> counts;
+      std::vector<Array> send;
+      for (int r = 0; r < size; ++r) {
+        counts.push_back(count(r));
+        send.push_back(random_array(dt, count(r), rng));
+      }
+      const size_t total =
+          std::accumulate(counts.begin(), counts.end(), size_t(0));
+      std::vector<Array> whole(size, Array(dt, total));
+      std::vector<std::vector<Array>> parts(size);
+      for (int r = 0; r < size; ++r) {
+        for (int q = 0; q < size; ++q)
+          parts[r].emplace_back(dt, count(q));
+      }
+      FakeWorld world(size);
+      run_ranks(size, [&](int rank) {
+        auto transport = world.transport(rank);
+        HostArrays memory;
+        const ArrayRef mine{send[rank].data(), count(rank), dt};
+        CHECK_OK(all_gatherv(*transport, memory, mine, counts,
+                             {{whole[rank].data(), total, dt}}));
+        std::vector<ArrayRef> list;
+        for (Array &p : parts[rank])
+          list.push_back({p.data(), p.count(), dt});
+        CHECK_OK(all_gatherv(*transport, memory, mine, counts, list));
+      });
+      for (int r = 0; r < size; ++r) {
+        size_t at = 0;
+        for (int q = 0; q < size; ++q) {
+          CHECK_SAME(whole[r].slice(at, count(q)), send[q]);
+          CHECK_SAME(parts[r][q], send[q]);
+          at += count(q);
+        }
+      }
+    }
+  }
+}
+
+TEST(alltoall_sends_each_rank_its_block) {
+  // Rank q sends rank r (q * r + r) % 3 elements (none from or to some).
+  std::mt19937_64 rng(9);
+  const auto count = [](int q, int r) { return size_t((q * r + r) % 3); };
+  for (int size : {1, 2, 3, 4}) {
+    for (DType dt : {DType::kFloat32, DType::kInt32}) {
+      std::vector<std::vector<size_t>> sends(size), recvs(size);
+      std::vector<Array> in, out;
+      for (int r = 0; r < size; ++r) {
+        for (int q = 0; q < size; ++q) {
+          sends[r].push_back(count(r, q));
+          recvs[r].push_back(count(q, r));
+        }
+        in.push_back(random_array(
+            dt, std::accumulate(sends[r].begin(), sends[r].end(), size_t(0)),
+            rng));
+        out.emplace_back(dt, std::accumulate(recvs[r].begin(),
+                                             recvs[r].end(), size_t(0)));
+      }
+      FakeWorld world(size);
+      run_ranks(size, [&](int rank) {
+        auto transport = world.transport(rank);
+        CHECK_OK(alltoall(*transport, {in[rank].data(), in[rank].count(), dt},
+                          sends[rank],
+                          {out[rank].data(), out[rank].count(), dt},
+                          recvs[rank]));
+      });
+      for (int r = 0; r < size; ++r) {
+        size_t at = 0;
+        for (int q = 0; q < size; ++q) {
+          const Blocks from = Blocks::packed(sends[q]);
+          CHECK_SAME(out[r].slice(at, count(q, r)),
+                     in[q].slice(from.offsets[r], count(q, r)));
+          at += count(q, r);
+        }
+      }
+    }
+  }
+}
+
+TEST(alltoall_and_all_gatherv_refuse_dtypes_that_differ_between_ranks) {
+  FakeWorld world(3);
+  std::vector<Array> in(3, Array(DType::kFloat64, 3)), out = in;
+  run_ranks(3, [&](int rank) {
+    auto transport = world.transport(rank);
+    HostArrays memory;
+    const DType dt = rank == 1 ? DType::kInt64 : DType::kFloat64;
+    const ArrayRef send{in[rank].data(), 3, dt};
+    const ArrayRef recv{out[rank].data(), 3, dt};
+    Status differ = alltoall(*transport, send, {1, 1, 1}, recv, {1, 1, 1});
+    CHECK_EQ(differ.code(), StatusCode::kInvalidArgument);
+    CHECK_CONTAINS(differ.message(), "make different calls");
+    CHECK_CONTAINS(differ.message(), "alltoall of 3 elements");
+    differ = all_gatherv(*transport, memory, {in[rank].data(), 1, dt},
+                         {1, 1, 1}, {recv});
+    CHECK_EQ(differ.code(), StatusCode::kInvalidArgument);
+    CHECK_CONTAINS(differ.message(), "make different calls");
+  });
 }
 
 TEST(reduce_scatter_from_one_array_or_a_list) {

@@ -1,6 +1,7 @@
 // The fake itself: its results are the reference's, bit for bit, and its
 // controls do what the other tests rely on.
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "check.hpp"
@@ -28,6 +29,27 @@ std::vector<const Array *> pointers(const std::vector<Array> &arrays) {
   for (const Array &a : arrays)
     p.push_back(&a);
   return p;
+}
+
+// Blocks of `counts` in rank order, `gap` elements apart.
+Blocks spaced(const std::vector<size_t> &counts, size_t gap) {
+  Blocks blocks;
+  size_t at = gap;
+  for (size_t count : counts) {
+    blocks.counts.push_back(count);
+    blocks.offsets.push_back(at);
+    at += count + gap;
+  }
+  return blocks;
+}
+
+// `count` elements of `from` from `from_at` on, into `to` from `to_at` on.
+void copy_into(Array &to, size_t to_at, const Array &from, size_t from_at,
+               size_t count) {
+  const size_t elem = dtype_size(to.dtype());
+  std::memcpy(static_cast<char *>(to.data()) + to_at * elem,
+              static_cast<const char *>(from.data()) + from_at * elem,
+              count * elem);
 }
 
 } // namespace
@@ -102,6 +124,82 @@ TEST(fake_rooted_and_gathering_operations) {
       }
     }
   }
+}
+
+TEST(fake_alltoallv_and_allgatherv_move_blocks_where_they_lie) {
+  std::mt19937_64 rng(3);
+  // Rank q sends rank r (q + 2r) % 4 elements (none to some) in an
+  // alltoallv, and (3q + 1) % 4 to every rank in an allgatherv. Blocks lie
+  // apart; what lies between them must stay as it was.
+  const auto count = [](int q, int r) { return size_t((q + 2 * r) % 4); };
+  const auto gathered = [](int q) { return size_t((3 * q + 1) % 4); };
+  for (int size : {1, 2, 3, 4}) {
+    for (DType dt : kAllDtypes) {
+      std::vector<Blocks> sends(size), recvs(size), gathers(size);
+      std::vector<Array> in, out, all, gather_in;
+      for (int r = 0; r < size; ++r) {
+        std::vector<size_t> to, from, each;
+        for (int q = 0; q < size; ++q) {
+          to.push_back(count(r, q));
+          from.push_back(count(q, r));
+          each.push_back(gathered(q));
+        }
+        sends[r] = spaced(to, 1);
+        recvs[r] = spaced(from, 2);
+        gathers[r] = spaced(each, r);
+        in.push_back(random_array(dt, sends[r].extent() + 1, rng));
+        out.push_back(random_array(dt, recvs[r].extent() + 2, rng));
+        all.push_back(random_array(dt, gathers[r].extent() + 1, rng));
+        gather_in.push_back(random_array(dt, gathered(r), rng));
+      }
+      std::vector<Array> want_out = out, want_all = all;
+      for (int r = 0; r < size; ++r) {
+        for (int q = 0; q < size; ++q) {
+          copy_into(want_out[r], recvs[r].offsets[q], in[q],
+                    sends[q].offsets[r], count(q, r));
+          copy_into(want_all[r], gathers[r].offsets[q], gather_in[q], 0,
+                    gathered(q));
+        }
+      }
+      FakeWorld world(size);
+      run_ranks(size, [&](int rank) {
+        auto t = world.transport(rank);
+        WorkPtr work;
+        CHECK_OK(waited(t->start_alltoallv(in[rank].data(), sends[rank],
+                                           out[rank].data(), recvs[rank], dt,
+                                           &work),
+                        work, rank));
+        CHECK_OK(waited(t->start_allgatherv(gather_in[rank].data(),
+                                            gathered(rank), all[rank].data(),
+                                            gathers[rank], dt, &work),
+                        work, rank));
+      });
+      for (int r = 0; r < size; ++r) {
+        CHECK_SAME(out[r], want_out[r]);
+        CHECK_SAME(all[r], want_all[r]);
+      }
+    }
+  }
+}
+
+TEST(fake_alltoallv_fails_where_counts_do_not_match) {
+  // Rank 0 expects 3 elements from rank 1, which sends it 2.
+  FakeWorld world(2);
+  std::vector<Array> in(2, Array(DType::kInt32, 4)),
+      out(2, Array(DType::kInt32, 5));
+  run_ranks(2, [&](int rank) {
+    auto t = world.transport(rank);
+    const Blocks blocks = Blocks::packed({2, 2});
+    const Blocks expects = Blocks::packed({2, rank == 0 ? 3u : 2u});
+    WorkPtr work;
+    const Status status =
+        waited(t->start_alltoallv(in[rank].data(), blocks, out[rank].data(),
+                                  expects, DType::kInt32, &work),
+               work, rank);
+    CHECK_EQ(status.code(), StatusCode::kInvalidArgument);
+    CHECK_CONTAINS(status.message(), "world rank 1 sends 2 elements to "
+                                     "world rank 0, which expects 3");
+  });
 }
 
 TEST(fake_agree_and_check_call) {
