@@ -106,6 +106,7 @@ void Engine::mark_ready(size_t tensor, void *ptr, DType dtype) {
       return;
     ptrs_[tensor] = ptr;
     dtypes_[tensor] = dtype;
+    const size_t was_ready = ready_;
     for (size_t b : buckets_of_[tensor]) {
       const bool last = --pending_[b] == 0;
       if (last) {
@@ -117,9 +118,10 @@ void Engine::mark_ready(size_t tensor, void *ptr, DType dtype) {
         }
       }
       ready_ += last;
-      wake = wake || (last && (by_priority_ || b == next_ ||
-                               ready_ == plan_.size()));
     }
+    // Only when the thread has something to do: a wake-up per bucket costs
+    // backward a context switch.
+    wake = ready_ > was_ready && next_step() != Step::kWait;
   }
   if (wake)
     changed_.notify_all();
