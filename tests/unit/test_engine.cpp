@@ -14,6 +14,7 @@
 #include <numeric>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "check.hpp"
 #include "fake_transport.hpp"
@@ -703,6 +704,41 @@ iterate_with(std::vector<std::unique_ptr<Engine>> &engines,
   return finished;
 }
 
+// `size` fresh ranks with engines over `model` and planned gradients:
+// `before`, and `after` to be reduced.
+struct Ranks {
+  Ranks(int size, const Model &model)
+      : world(size), engines(engines_on(world, model)) {
+    std::mt19937_64 rng(size);
+    for (int r = 0; r < size; ++r)
+      before.push_back(planned_gradients(model, rng));
+    after = before;
+  }
+  FakeWorld world;
+  std::vector<std::unique_ptr<Engine>> engines;
+  std::vector<Gradients> before, after;
+};
+
+// One iteration over `model` on `size` fresh ranks, rank r marking its
+// gradients `g` as `mark(r, engine, g)` does: checks that it reduced
+// right and agreed alike (check_agreed); returns the launches and how
+// many calls each rank made.
+std::pair<std::vector<size_t>, size_t>
+reduce_agreed(int size, const Model &model,
+              const std::function<void(int, Engine &, Gradients &)> &mark) {
+  Ranks ranks(size, model);
+  std::vector<std::vector<size_t>> launched;
+  const auto finished = iterate_with(
+      ranks.engines,
+      [&](int r, Engine &engine) { mark(r, engine, ranks.after[r]); },
+      &launched);
+  for (const Status &s : finished)
+    CHECK_OK(s);
+  check_reduced(model, ranks.before, ranks.after, 1.0f, 1);
+  check_agreed(ranks.world, model, launched, 0);
+  return {launched[0], ranks.world.calls(0).size()};
+}
+
 } // namespace
 
 TEST(engine_priority_reduces_random_plans_alike_on_every_rank) {
@@ -754,27 +790,12 @@ TEST(engine_priority_sends_the_highest_first_when_all_are_ready) {
   model = prioritized(model, {5, 0, 9});
   CHECK(plan_fingerprint(model.plan) != unordered);
   for (int size : {1, 2, 3, 4}) {
-    FakeWorld world(size);
-    auto engines = engines_on(world, model);
-    std::mt19937_64 rng(size);
-    std::vector<Gradients> before;
-    for (int r = 0; r < size; ++r)
-      before.push_back(planned_gradients(model, rng));
-    std::vector<Gradients> after = before;
-    std::vector<std::vector<size_t>> launched;
-    const auto finished = iterate_with(
-        engines,
-        [&](int rank, Engine &engine) {
-          mark_in(engine, {0, 2, 1}, after[rank],
-                  std::chrono::microseconds(500));
-        },
-        &launched);
-    for (const Status &s : finished)
-      CHECK_OK(s);
-    check_reduced(model, before, after, 1.0f, 1);
-    check_agreed(world, model, launched, 0);
-    CHECK_EQ(launched[0], (std::vector<size_t>{3, 0, 1, 2}));
-    CHECK_EQ(world.calls(0).size(), size_t(1 + 4 + 1));
+    const auto [launched, calls] = reduce_agreed(
+        size, model, [](int, Engine &engine, Gradients &g) {
+          mark_in(engine, {0, 2, 1}, g, std::chrono::microseconds(500));
+        });
+    CHECK_EQ(launched, (std::vector<size_t>{3, 0, 1, 2}));
+    CHECK_EQ(calls, size_t(1 + 4 + 1));
   }
 }
 
@@ -786,42 +807,26 @@ TEST(engine_priority_agrees_whatever_order_ranks_are_ready_in) {
   const std::vector<size_t> backward = {5, 4, 3, 2, 1, 0};
   const auto pause = std::chrono::microseconds(2000);
   struct Case {
-    const char *name;
     // Rank r's order, and whether it marks without pauses.
     std::function<std::vector<size_t>(int)> order;
     std::function<bool(int)> at_once;
   };
   const Case cases[] = {
-      {"one rank far ahead", [&](int) { return forward; },
-       [](int r) { return r == 0; }},
-      {"opposite orders",
-       [&](int r) { return r % 2 == 0 ? forward : backward; },
+      // One rank far ahead.
+      {[&](int) { return forward; }, [](int r) { return r == 0; }},
+      // Opposite orders.
+      {[&](int r) { return r % 2 == 0 ? forward : backward; },
        [](int) { return false; }},
-      {"ahead in the opposite order",
-       [&](int r) { return r == 0 ? backward : forward; },
+      // One rank ahead, in the opposite order.
+      {[&](int r) { return r == 0 ? backward : forward; },
        [](int r) { return r == 0; }},
   };
   for (const Case &c : cases) {
     for (int size : {2, 3, 4}) {
-      FakeWorld world(size);
-      auto engines = engines_on(world, model);
-      std::mt19937_64 rng(size);
-      std::vector<Gradients> before;
-      for (int r = 0; r < size; ++r)
-        before.push_back(planned_gradients(model, rng));
-      std::vector<Gradients> after = before;
-      std::vector<std::vector<size_t>> launched;
-      const auto finished = iterate_with(
-          engines,
-          [&](int rank, Engine &engine) {
-            mark_in(engine, c.order(rank), after[rank],
-                    c.at_once(rank) ? std::chrono::microseconds(0) : pause);
-          },
-          &launched);
-      for (const Status &s : finished)
-        CHECK_OK(s);
-      check_reduced(model, before, after, 1.0f, 1);
-      check_agreed(world, model, launched, 0);
+      reduce_agreed(size, model, [&](int rank, Engine &engine, Gradients &g) {
+        mark_in(engine, c.order(rank), g,
+                c.at_once(rank) ? std::chrono::microseconds(0) : pause);
+      });
     }
   }
 }
@@ -832,17 +837,12 @@ TEST(engine_priority_failed_rank_sends_zeros_and_fails_every_rank) {
   for (int size : {2, 3, 4}) {
     const int failing = size - 1;
     for (size_t marked_first : {size_t(0), size_t(2)}) {
-      FakeWorld world(size);
-      auto engines = engines_on(world, model);
-      std::mt19937_64 rng(size);
-      std::vector<Gradients> before;
-      for (int r = 0; r < size; ++r)
-        before.push_back(planned_gradients(model, rng));
-      std::vector<Gradients> after = before;
+      Ranks ranks(size, model);
+      std::vector<Gradients> &before = ranks.before, &after = ranks.after;
       std::vector<std::vector<size_t>> launched;
       const std::vector<size_t> order = {4, 3, 2, 1, 0};
       const auto finished = iterate_with(
-          engines,
+          ranks.engines,
           [&](int rank, Engine &engine) {
             if (rank != failing) {
               mark_in(engine, order, after[rank],
@@ -862,7 +862,7 @@ TEST(engine_priority_failed_rank_sends_zeros_and_fails_every_rank) {
                        r == failing ? "backward failed here"
                                     : "another rank of the group failed");
       }
-      const size_t next = check_agreed(world, model, launched, 0);
+      const size_t next = check_agreed(ranks.world, model, launched, 0);
       // The failed rank's buckets that were not ready went out as zeros and
       // wrote nothing back.
       for (size_t k = marked_first; k < order.size(); ++k)
@@ -871,7 +871,7 @@ TEST(engine_priority_failed_rank_sends_zeros_and_fails_every_rank) {
       // The next iteration is whole again.
       before = after;
       const auto again = iterate_with(
-          engines,
+          ranks.engines,
           [&](int rank, Engine &engine) {
             mark_in(engine, order, after[rank], std::chrono::microseconds(0));
           },
@@ -879,7 +879,7 @@ TEST(engine_priority_failed_rank_sends_zeros_and_fails_every_rank) {
       for (const Status &s : again)
         CHECK_OK(s);
       check_reduced(model, before, after, 1.0f, 1);
-      check_agreed(world, model, launched, next);
+      check_agreed(ranks.world, model, launched, next);
     }
   }
 }
