@@ -67,6 +67,13 @@ callback (with ``--priority`` also ``priority="forward"``: with
 ``--pack-size 64`` a bucket per parameter, up to a round each), in
 microseconds per function.
 
+With ``--priority``, last, the cost of the rounds alone: a
+``gradient_reducer`` over 4 one-element gradients in buckets of one,
+every gradient made ready and the iteration finished, with and without
+``priority="forward"``, in microseconds per iteration (under
+``NNCOMM_LAUNCH=deferred`` that is one round; eager, up to one per
+bucket).
+
 Until nncomm has ``all_reduce_callback`` the callback figures are skipped
 and said so.
 """
@@ -223,6 +230,8 @@ def main():
         mlp(args, comm, world, have_cb, say)
     if not args.skip_tiny:
         tiny(args, comm, world, have_cb, say)
+    if have_cb and args.priority:
+        rounds(comm, world, say)
     say(f"# {time.perf_counter() - start:.0f} s; CPU stolen by the "
         f"hypervisor meanwhile {steal_seconds() - steal:.1f} s; "
         "load average %.2f %.2f %.2f" % os.getloadavg())
@@ -475,6 +484,35 @@ def tiny(args, comm, world, have_cb, say):
             f"+{(med[name] - med['none']) / nfunctions * 1e6:.2f} over none")
     if not have_cb:
         say("nncomm: not measured (comm has no all_reduce_callback)")
+
+
+
+def rounds(comm, world, say, count=4, iters=500, repeats=9):
+    """What priority order's rounds cost: iterations of a reducer whose
+    buckets are all ready before it finishes, timed with and without."""
+    grads = [nn.NdArray.from_numpy_array(np.zeros(1, np.float32))
+             for _ in range(count)]
+    reducers = {name: comm.gradient_reducer(grads, 1, priority=priority)
+                for name, priority in (("plan", None),
+                                       ("forward", "forward"))}
+    times = {name: [] for name in reducers}
+    for _ in range(repeats):
+        for name, reducer in reducers.items():
+            world.Barrier()
+            start = time.perf_counter()
+            for _ in range(iters):
+                reducer.begin()
+                for i in range(count):
+                    reducer.ready(i)
+                reducer.finish()
+            times[name].append(slowest(time.perf_counter() - start, world)
+                               / iters)
+    say(f"# rounds: gradient_reducer of {count} one-element buckets, all "
+        f"made ready, us per iteration, median (best) of {repeats} x "
+        f"{iters}; schedule {os.environ.get('NNCOMM_LAUNCH', 'auto')}")
+    for name, values in times.items():
+        say(f"{name:<8} {statistics.median(values) * 1e6:8.1f} "
+            f"({min(values) * 1e6:.1f})")
 
 
 if __name__ == "__main__":
