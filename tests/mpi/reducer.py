@@ -194,7 +194,7 @@ def main():
     for pack_size, keep_dtype, scale, division, priority in [
             (64, False, 1.0, True, None), (100000, True, 0.5, False, None),
             (7, True, 2.0, True, None), (64, False, 1.0, True, "forward"),
-            (7, True, 2.0, True, [2, -1, 2, 0.5, 3, -1])]:
+            (300, True, 2.0, True, [2, -1, 2, 0.5, 3, -1])]:
         for group, ranks in groups.items():
             if comm.rank in ranks:
                 run(ck, comm, group, ranks, pack_size, keep_dtype, scale,
