@@ -153,6 +153,10 @@ def misuse(ck, comm):
     ck.raises(ValueError, "priority must be", "priority backward",
               nncomm.DistributedSolver, S.Sgd(0.1), comm,
               priority="backward")
+    ck.raises(ValueError, "after it", "priority with quantized gradients",
+              nncomm.DistributedSolver, S.Sgd(0.1), comm,
+              compression=nncomm.Compression.quantized(8),
+              priority="forward")
     for groups, match in (([[x]], "not a parameter"),
                           ([list(params.values())[:2]] * 2, "two groups")):
         grouped = nncomm.DistributedSolver(S.Sgd(0.1), comm, groups=groups)
