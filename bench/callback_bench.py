@@ -24,7 +24,10 @@ without the solver:
   ``cb = comm.all_reduce_callback(grads, pack_size, division=True)`` created
   once and reused;
 - ``T_cb_new``: the same with a new callback every step, its creation timed
-  (what nnabla-examples do).
+  (what nnabla-examples do);
+- ``T_cb_fwd`` (with ``--priority``): ``T_cb`` with
+  ``priority="forward"``, the ranks agreeing in rounds which buckets are
+  ready everywhere (one small all-reduce a round).
 
 The callback's engine chooses on its first iterations whether to launch
 buckets as they become ready or all at the end of backward (``auto``, the
@@ -60,7 +63,16 @@ the remaining buckets (the part of the communication left unhidden).
 Last, the hook overhead: backward of a chain of ``--tiny-functions`` Add2
 functions on a (4, 16) tensor, each adding its own (4, 16) parameter, timed
 with no hook, with a trivial Python ``function_post_hook`` and with nncomm's
-callback, in microseconds per function.
+callback (with ``--priority`` also ``priority="forward"``: with
+``--pack-size 64`` a bucket per parameter, up to a round each), in
+microseconds per function.
+
+With ``--priority``, last, the cost of the rounds alone: a
+``gradient_reducer`` over 4 one-element gradients in buckets of one,
+every gradient made ready and the iteration finished, with and without
+``priority="forward"``, in microseconds per iteration (under
+``NNCOMM_LAUNCH=deferred`` that is one round; eager, up to one per
+bucket).
 
 Until nncomm has ``all_reduce_callback`` the callback figures are skipped
 and said so.
@@ -178,6 +190,8 @@ def main():
                         help="callback bucket size in ELEMENTS")
     parser.add_argument("--no-new-cb", action="store_true",
                         help="skip T_cb_new (a new callback every step)")
+    parser.add_argument("--priority", action="store_true",
+                        help="also time T_cb_fwd (priority='forward')")
     parser.add_argument("--breakdown-steps", type=int, default=4,
                         help="steps of the T_cb breakdown (0: none)")
     parser.add_argument("--tiny-functions", type=int, default=1000)
@@ -216,6 +230,8 @@ def main():
         mlp(args, comm, world, have_cb, say)
     if not args.skip_tiny:
         tiny(args, comm, world, have_cb, say)
+    if have_cb and args.priority:
+        rounds(comm, world, say)
     say(f"# {time.perf_counter() - start:.0f} s; CPU stolen by the "
         f"hypervisor meanwhile {steal_seconds() - steal:.1f} s; "
         "load average %.2f %.2f %.2f" % os.getloadavg())
@@ -263,10 +279,17 @@ def mlp(args, comm, world, have_cb, say):
     cb = (comm.all_reduce_callback(grads, args.pack_size, division=True)
           if have_cb else None)
 
-    def with_cb():
+    forward_first = (comm.all_reduce_callback(
+        grads, args.pack_size, division=True, priority="forward")
+        if have_cb and args.priority else None)
+
+    def with_cb(hook=cb):
         zero(params)
         loss.forward()
-        loss.backward(function_post_hook=cb)
+        loss.backward(function_post_hook=hook)
+
+    def with_forward_first():
+        with_cb(forward_first)
 
     def with_new_cb():
         zero(params)
@@ -291,6 +314,10 @@ def mlp(args, comm, world, have_cb, say):
         if not args.no_new_cb:
             with_new_cb()
             check(f"{when}, new callback", copy_grads(params), want, world)
+        if forward_first is not None:
+            with_forward_first()
+            check(f"{when}, priority='forward'", copy_grads(params), want,
+                  world)
 
     methods = {"fb": fb, "comm": comm_only, "seq": seq}
     if have_cb:
@@ -298,16 +325,22 @@ def mlp(args, comm, world, have_cb, say):
         # The engine times eager and deferred launching on its first
         # iterations (NNCOMM_LAUNCH=auto); a training loop is past that
         # after a few steps, so the timing starts once it has chosen.
-        steps = 0
-        while cb.schedule == "tuning" and steps < 50:
-            with_cb()
-            steps += 1
-        say(f"# launch schedule: {cb.schedule} (NNCOMM_LAUNCH="
-            f"{os.environ.get('NNCOMM_LAUNCH', 'unset')}; {steps} more "
-            f"steps of tuning before timing)")
+        for name, hook in (("cb", cb), ("cb_fwd", forward_first)):
+            steps = 0
+            while hook is not None and hook.schedule == "tuning" and \
+                    steps < 50:
+                with_cb(hook)
+                steps += 1
+            if hook is not None:
+                say(f"# launch schedule of T_{name}: {hook.schedule} "
+                    f"(NNCOMM_LAUNCH="
+                    f"{os.environ.get('NNCOMM_LAUNCH', 'unset')}; {steps} "
+                    f"more steps of tuning before timing)")
         methods["cb"] = with_cb
         if not args.no_new_cb:
             methods["cb_new"] = with_new_cb
+        if forward_first is not None:
+            methods["cb_fwd"] = with_forward_first
 
     fb()                         # warm up: allocations, first-touch
     seq()
@@ -344,7 +377,7 @@ def mlp(args, comm, world, have_cb, say):
         t_fb, t_comm = t["fb"], t["comm"]
         say(f"# ratios ({label})")
         say("T_seq/T_fb".ljust(29) + f"{t['seq'] / t_fb:6.3f}")
-        for key in ("cb", "cb_new"):
+        for key in ("cb", "cb_new", "cb_fwd"):
             if key not in t:
                 continue
             t_cb = t[key]
@@ -416,6 +449,9 @@ def tiny(args, comm, world, have_cb, say):
     if have_cb:
         hooks["nncomm"] = comm.all_reduce_callback(grads, args.pack_size,
                                                    division=True)
+    if have_cb and args.priority:
+        hooks["forward"] = comm.all_reduce_callback(
+            grads, args.pack_size, division=True, priority="forward")
 
     def timed(hook):
         total = 0.0
@@ -448,6 +484,35 @@ def tiny(args, comm, world, have_cb, say):
             f"+{(med[name] - med['none']) / nfunctions * 1e6:.2f} over none")
     if not have_cb:
         say("nncomm: not measured (comm has no all_reduce_callback)")
+
+
+
+def rounds(comm, world, say, count=4, iters=500, repeats=9):
+    """What priority order's rounds cost: iterations of a reducer whose
+    buckets are all ready before it finishes, timed with and without."""
+    grads = [nn.NdArray.from_numpy_array(np.zeros(1, np.float32))
+             for _ in range(count)]
+    reducers = {name: comm.gradient_reducer(grads, 1, priority=priority)
+                for name, priority in (("plan", None),
+                                       ("forward", "forward"))}
+    times = {name: [] for name in reducers}
+    for _ in range(repeats):
+        for name, reducer in reducers.items():
+            world.Barrier()
+            start = time.perf_counter()
+            for _ in range(iters):
+                reducer.begin()
+                for i in range(count):
+                    reducer.ready(i)
+                reducer.finish()
+            times[name].append(slowest(time.perf_counter() - start, world)
+                               / iters)
+    say(f"# rounds: gradient_reducer of {count} one-element buckets, all "
+        f"made ready, us per iteration, median (best) of {repeats} x "
+        f"{iters}; schedule {os.environ.get('NNCOMM_LAUNCH', 'auto')}")
+    for name, values in times.items():
+        say(f"{name:<8} {statistics.median(values) * 1e6:8.1f} "
+            f"({min(values) * 1e6:.1f})")
 
 
 if __name__ == "__main__":

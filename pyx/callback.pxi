@@ -188,6 +188,16 @@ cdef class AllReduceCallback:
     cdef float scale
     cdef size_t pack_size
     cdef int wire
+    cdef object priority  # None, "forward" or a number per gradient
+
+    @property
+    def launch_order(self):
+        """list of tuple of int: the gradients of each bucket of the latest
+        backward, in the order the buckets went out (the plan's, or with a
+        `priority`, as the ranks agreed); ``None`` before the first."""
+        if self.state.latest is None:
+            return None
+        return self.state.latest.launch_order()
 
     @property
     def schedule(self):
@@ -282,10 +292,13 @@ cdef class AllReduceCallback:
                                      for x in self.data)
             self.state.replan = False
         codes = self.state.codes
-        key = (graph.reached, sizes, codes)
+        priorities = graph.forward if self.priority == "forward" else \
+            self.priority
+        key = (graph.reached, sizes, codes, priorities)
         cdef _Engine engine = self.state.engines.get(key)
         if engine is None:
-            engine = self._new_engine(graph.reached, sizes, codes)
+            engine = self._new_engine(graph.reached, sizes, codes,
+                                      priorities)
             remember(self.state.engines, key, engine, _MAX_ENGINES)
         cdef Status status = engine.engine.get().begin(
             self.scale, len(self.group.ranks) if self.division else 1)
@@ -303,7 +316,8 @@ cdef class AllReduceCallback:
         _in_flight.add(self.state)
         return bw
 
-    cdef _Engine _new_engine(self, tuple reached, tuple sizes, tuple codes):
+    cdef _Engine _new_engine(self, tuple reached, tuple sizes, tuple codes,
+                             tuple priorities):
         # Gradients of the last layers are final first: plan those first.
         # On a CUDA context the engine works on the gradients' device, on
         # nnabla's stream.
@@ -311,7 +325,7 @@ cdef class AllReduceCallback:
                            sizes, codes, self.pack_size, self.keep_dtype,
                            self.wire,
                            device_arrays(self.data[:1], self.ctx, self.cuda,
-                                         "data", None))
+                                         "data", None), priorities)
 
     cdef int _ready(self, _Backward bw, Py_ssize_t i) except -1:
         error = bw.engine.mark_ndarray(

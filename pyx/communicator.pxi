@@ -744,7 +744,8 @@ cdef class Communicator:
 
     def all_reduce_callback(self, data, pack_size, bint division=False,
                             group="world", scale_grad=1,
-                            bint keep_dtype=False, *, wire_dtype=None):
+                            bint keep_dtype=False, *, wire_dtype=None,
+                            priority=None):
         """A backward hook that all-reduces gradients while backward runs.
 
         Pass it as ``loss.backward(function_post_hook=cb)``. Each gradient is
@@ -777,6 +778,13 @@ cdef class Communicator:
                 without `keep_dtype` (``'float32'``, ``'float16'``,
                 ``'bfloat16'``, ``'float64'``) instead of the context's;
                 each gradient gets the result in its own dtype.
+            priority: nncomm's own, after BytePS: ``None`` launches
+                buckets in the planned order; ``"forward"`` or a number
+                per gradient of `data` (higher first; a bucket has its
+                highest) has the ranks agree, in a small all-reduce per
+                round, which buckets are ready on every rank, and launch
+                those highest first. ``"forward"`` ranks first what the
+                next forward uses first: backward's order reversed.
 
         Returns:
             callable: The hook.
@@ -800,7 +808,8 @@ cdef class Communicator:
         size = _gradient_checks(grads, pack_size, "all_reduce_callback")
         hook_solvers()
         wire = _wire_code(self._ctx, wire_dtype)
-        key = (group, size, keep_dtype, wire, tuple(grads))
+        priorities = priorities_of(priority, len(grads))
+        key = (group, size, keep_dtype, wire, priorities, tuple(grads))
         cdef _CallbackState state = self._callback_states.get(key)
         if state is None:
             state = _CallbackState(g)
@@ -817,11 +826,12 @@ cdef class Communicator:
         cb.scale = float(scale_grad)
         cb.pack_size = size
         cb.wire = wire
+        cb.priority = priorities
         return cb
 
     def gradient_reducer(self, data, pack_size, bint division=False,
                          group="world", scale_grad=1, bint keep_dtype=False,
-                         order=None, wire_dtype=None):
+                         order=None, wire_dtype=None, priority=None):
         """The engine of :meth:`all_reduce_callback`, driven by hand: for
         training loops that are not nnabla's backward (CuPy arrays, another
         framework) but know when each gradient is final.
@@ -847,6 +857,8 @@ cdef class Communicator:
                 final in (buckets are planned in it); by default the
                 reverse of `data`'s, as backward computes them.
             wire_dtype (str): As in :meth:`all_reduce_callback`.
+            priority: As in :meth:`all_reduce_callback`; ``"forward"``
+                ranks the gradients in the reverse of `order`.
 
         Returns:
             :obj:`GradientReducer`: ``begin()``, ``ready(i)`` per gradient,
@@ -869,7 +881,7 @@ cdef class Communicator:
         return make_reducer(g, grads, self._ctx, self._cuda, order, size,
                             division,
                             float(scale_grad), keep_dtype,
-                            _wire_code(self._ctx, wire_dtype))
+                            _wire_code(self._ctx, wire_dtype), priority)
 
 
 cdef Py_ssize_t _gradient_checks(list grads, pack_size, str what) except -1:

@@ -4,6 +4,8 @@
 # (a CuPy or custom training loop). Host memory is reduced by the group's
 # engine on MPI; device memory by its DeviceGroup's, through the CUDA packer.
 
+import math
+
 
 cdef class _Engine:
     """An engine thread with its fixed bucket plan, the gradients the plan
@@ -11,6 +13,7 @@ cdef class _Engine:
     dtypes it was planned for."""
     cdef unique_ptr[Engine] engine
     cdef list unreached
+    cdef list buckets  # per bucket of the plan: its gradients
     cdef tuple sizes
     cdef tuple codes  # per gradient: its dtype code when planned
     cdef bint converted  # a gradient came in another dtype than planned
@@ -34,14 +37,41 @@ cdef class _Engine:
         self.engine.get().mark_ready(i, ptr, <DType><int>code)
         return None
 
+    cdef list launch_order(self):
+        """The gradients of each bucket of the latest iteration, in the
+        order the buckets went out."""
+        return [self.buckets[b] for b in self.engine.get().launched()]
+
+
+cdef object priorities_of(priority, Py_ssize_t n):
+    """`priority` of all_reduce_callback or gradient_reducer, checked:
+    None, "forward", or a tuple of `n` finite floats."""
+    if priority is None:
+        return None
+    what = (f"priority must be None, 'forward' or a number per gradient "
+            f"({n}), not {priority!r}")
+    if isinstance(priority, str):
+        if priority != "forward":
+            raise ValueError(what)
+        return priority
+    try:
+        values = tuple(float(p) for p in priority)
+    except (TypeError, ValueError):
+        raise TypeError(what) from None
+    if len(values) != n or not all(math.isfinite(p) for p in values):
+        raise ValueError(what)
+    return values
+
 
 cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
                          tuple codes, size_t pack_size, bint keep_dtype,
-                         int wire, GpuArrays device):
+                         int wire, GpuArrays device, tuple priorities):
     """An engine over `data` (whose `sizes` and dtype `codes` it is planned
     for) launching buckets in `order` (indices into `data`; the others are
-    left out of the plan, in `unreached`). Host memory with `device` None;
-    otherwise the memory of `device`'s arrays, computed on its stream.
+    left out of the plan, in `unreached`), or, with `priorities` (one per
+    gradient), those ready on every rank highest first. Host memory with
+    `device` None; otherwise the memory of `device`'s arrays, computed on
+    its stream.
 
     Collective over the group: every rank must plan the same buckets, and
     have its buffers, or this raises on every rank.
@@ -60,6 +90,8 @@ cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
     cdef vector[Bucket] plan = plan_buckets(
         specs, launch_order, pack_size, keep_dtype, <DType><int>wire,
         direct_bytes())
+    if priorities is not None:
+        prioritize(priorities, &plan)
     # Every rank must run the same plan, or their calls would not match:
     # one small all-reduce, once per new plan.
     cdef cpp_bool same = False
@@ -71,11 +103,12 @@ cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
     if not same:
         raise ValueError(
             "the ranks of this group disagree on the gradients to reduce "
-            "(their number, sizes or dtypes, or which of them backward "
-            "reaches)")
+            "(their number, sizes, dtypes or priorities, or which of them "
+            "backward reaches)")
     cdef _Engine engine = _Engine.__new__(_Engine)
     planned = set(order)
     engine.unreached = [i for i in range(len(data)) if i not in planned]
+    engine.buckets = [tuple(plan[b].tensors) for b in range(plan.size())]
     engine.sizes = sizes
     engine.codes = codes
     # The engine communicates on a transport of its own: two engines on one
@@ -118,8 +151,9 @@ cdef class GradientReducer:
 
     Made by :meth:`Communicator.gradient_reducer`. Each iteration calls
     :meth:`begin`, then :meth:`ready` once per gradient as it becomes final
-    (in any order; buckets still go out in the order every rank planned),
-    then :meth:`finish` (or ``with reducer:`` around the iteration). On
+    (in any order; buckets still go out in the order every rank planned, or
+    agreed by priority), then :meth:`finish` (or ``with reducer:`` around
+    the iteration). On
     GPU arrays nothing waits for the device: a
     gradient is final once the work writing it is enqueued on the arrays'
     stream, and work enqueued there after :meth:`finish` sees the reduced
@@ -148,6 +182,13 @@ cdef class GradientReducer:
     cdef int divisor
     cdef bytearray marked  # per gradient: ready() called this iteration
     cdef bint active
+
+    @property
+    def launch_order(self):
+        """list of tuple of int: the gradients of each bucket of the latest
+        iteration, in the order the buckets went out (the plan's, or with
+        a `priority`, as the ranks agreed)."""
+        return self._engine.launch_order()
 
     def begin(self):
         """Starts an iteration: every gradient is pending again.
@@ -254,7 +295,8 @@ cdef class GradientReducer:
 
 cdef GradientReducer make_reducer(_Group group, list grads, ctx, bint cuda,
                                   order, size_t pack_size, bint division,
-                                  float scale, bint keep_dtype, int wire):
+                                  float scale, bint keep_dtype, int wire,
+                                  priority):
     """The reducer of Communicator.gradient_reducer, its arguments
     checked."""
     cdef GradientReducer self = GradientReducer.__new__(GradientReducer)
@@ -276,8 +318,13 @@ cdef GradientReducer make_reducer(_Group group, list grads, ctx, bint cuda,
     if sorted(order) != list(range(n)):
         raise ValueError(f"order must list each of the {n} gradients' "
                          f"indices once, got {order}")
+    priorities = priorities_of(priority, n)
+    if priorities == "forward":
+        # The gradients final last, which the next forward uses first.
+        position = {i: k for k, i in enumerate(order)}
+        priorities = tuple(float(position[i]) for i in range(n))
     self._engine = make_engine(group, grads, order, sizes, codes, pack_size,
-                               keep_dtype, wire, self.gpu)
+                               keep_dtype, wire, self.gpu, priorities)
     self.scale = scale
     self.divisor = len(group.ranks) if division else 1
     self.active = False

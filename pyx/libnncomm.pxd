@@ -46,6 +46,7 @@ cdef extern from "nncomm/bucket_plan.hpp" namespace "nncomm" nogil:
                                 const vector[size_t]& order, size_t pack_size,
                                 bool keep_dtype, DType wire,
                                 size_t direct_bytes)
+    void prioritize(const vector[double]& priorities, vector[Bucket]* plan)
     uint64_t plan_fingerprint(const vector[Bucket]& plan)
 
 
@@ -63,6 +64,7 @@ cdef extern from "nncomm/engine.hpp" namespace "nncomm" nogil:
         void fail(const string& message)
         Status finish()
         Launch launch(bool* decided)
+        vector[size_t] launched()
 
 
 cdef extern from "nncomm/group.hpp" namespace "nncomm" nogil:

@@ -1,6 +1,7 @@
 #include "nncomm/bucket_plan.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "nncomm/fingerprint.hpp"
 
@@ -60,11 +61,25 @@ std::vector<Bucket> plan_buckets(const std::vector<TensorSpec> &tensors,
   return plan;
 }
 
+void prioritize(const std::vector<double> &priorities,
+                std::vector<Bucket> *plan) {
+  for (Bucket &b : *plan) {
+    b.priority = priorities[b.tensors[0]];
+    for (size_t t : b.tensors)
+      b.priority = std::max(b.priority, priorities[t]);
+  }
+}
+
 uint64_t plan_fingerprint(const std::vector<Bucket> &plan) {
   Fingerprint f;
   f.add(plan.size());
   for (const Bucket &b : plan) {
+    // -0.0 and 0.0 are one priority, with one pattern.
+    const double priority = b.priority + 0.0;
+    uint64_t bits;
+    std::memcpy(&bits, &priority, sizeof bits);
     f.add(static_cast<uint64_t>(b.dtype)).add(b.count).add(b.direct);
+    f.add(bits);
     f.add(b.segments.size());
     for (const Segment &s : b.segments)
       f.add(s.tensor).add(s.tensor_offset).add(s.count);

@@ -108,6 +108,28 @@ def test_analysis_matches_nnabla_on_user_graphs(build):
         assert graph.still_valid()
 
 
+@pytest.mark.parametrize("build", CATALOGUE,
+                         ids=[b().name for b in CATALOGUE])
+def test_forward_priority_reverses_the_order_gradients_become_final(build):
+    """A gradient backward makes final later than another (its last
+    writer called later) never has a lower priority="forward"."""
+    g = build()
+    g.next_step()
+    g.feed(lambda name, shape: np.ones(shape, np.float32))
+    called = []
+    g.run(called.append)
+    graph = analyze(called[0], {x: i for i, x in enumerate(g.grads())})
+    final = {i: max(k for k, f in enumerate(called)
+                    if i in graph.consumers[f][1])
+             for i in graph.reached}
+    for i in graph.reached:
+        for j in graph.reached:
+            assert final[i] <= final[j] or \
+                graph.forward[i] >= graph.forward[j], (
+                    f"{g.name}: {g.names[i]} final after {g.names[j]}, "
+                    f"priority {graph.forward[i]} < {graph.forward[j]}")
+
+
 def test_analysis_notices_a_stop_gradient_set_after_forward():
     """need_grad=False set on an intermediate after forward takes effect
     in the next backward; a cached analysis must see that."""

@@ -34,6 +34,9 @@ struct Bucket {
   bool direct = false;
   std::vector<Segment> segments;
   std::vector<size_t> tensors; // distinct tensors with a segment here
+  // Of the buckets ready on every rank, the highest goes out first, in an
+  // engine whose plan has more than one (engine.hpp).
+  double priority = 0;
 };
 
 // Fills buckets of up to `pack_size` elements with `tensors` taken in
@@ -49,6 +52,11 @@ std::vector<Bucket> plan_buckets(const std::vector<TensorSpec> &tensors,
                                  const std::vector<size_t> &order,
                                  size_t pack_size, bool keep_dtype, DType wire,
                                  size_t direct_bytes);
+
+// Gives each bucket of `plan` the highest of its tensors' `priorities`
+// (by tensor index).
+void prioritize(const std::vector<double> &priorities,
+                std::vector<Bucket> *plan);
 
 // The same on two ranks only if their plans are: what the ranks compare
 // before they run a plan.

@@ -66,6 +66,11 @@ class DistributedSolver(SolverWrapper):
             graph uses only through ``Embed``) densely. By default their
             gradients are reduced as the rows the step's indices touched
             (:func:`nncomm.sparse_all_reduce`), after backward.
+        priority: BytePS's priority scheduling: ``"forward"`` sends first,
+            of the buckets ready on every rank, the gradients the next
+            forward uses first (one small all-reduce per round that
+            agrees on them); ``None`` (default) sends buckets in the
+            planned order. As in :meth:`Communicator.all_reduce_callback`.
 
     Example:
 
@@ -85,7 +90,8 @@ class DistributedSolver(SolverWrapper):
     def __init__(self, solver, comm, compression=Compression.none,
                  op="average", gradient_predivide_factor=1.0,
                  backward_passes_per_step=1, groups=None, pack_size=2 << 20,
-                 group="world", distributed_after=0, sparse_as_dense=False):
+                 group="world", distributed_after=0, sparse_as_dense=False,
+                 priority=None):
         if not isinstance(compression, (_WireDtype, _Quantized)):
             raise TypeError(f"compression must be one of nncomm.Compression's "
                             f"(none, fp16, bf16, quantized(bits)), not "
@@ -117,6 +123,14 @@ class DistributedSolver(SolverWrapper):
                 backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be a positive "
                              f"int, not {backward_passes_per_step!r}")
+        if not (priority is None or
+                isinstance(priority, str) and priority == "forward"):
+            raise ValueError(f"priority must be None or 'forward', not "
+                             f"{priority!r}")
+        if quantized and priority is not None:
+            raise ValueError("priority orders the buckets reduced during "
+                             "backward; quantized gradients are exchanged "
+                             "in one all-gather after it")
         super().__init__(solver, comm, group, distributed_after)
         self._compression = compression
         self._op = op
@@ -125,6 +139,7 @@ class DistributedSolver(SolverWrapper):
         self._groups = groups
         self._pack_size = pack_size
         self._sparse_as_dense = sparse_as_dense
+        self._priority = priority
         self._params = None
         self._reductions = {}  # tables reduced sparsely -> callbacks' lists
         self._quantizer = None  # the QuantizedReducer, when quantized
@@ -200,7 +215,8 @@ class DistributedSolver(SolverWrapper):
             self._comm.all_reduce_callback(
                 grads, pack_size, division=division, group=self._group,
                 scale_grad=1 / self._predivide,
-                wire_dtype=self._compression.wire_dtype)
+                wire_dtype=self._compression.wire_dtype,
+                priority=self._priority)
             for grads, pack_size in dense])
         loss.backward(clear_buffer=clear_buffer, function_post_hook=hook,
                       **kwargs)

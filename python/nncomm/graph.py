@@ -29,12 +29,19 @@ class BackwardGraph:
             it; 0 for gradients the graph does not reach.
         reached (tuple of int): the positions whose count is not 0.
         functions (list): the called functions, in discovery order.
+        forward (tuple of float): per gradient, its priority under
+            ``priority="forward"``: minus the rank of the last function
+            of backward to write it (backward calls functions by
+            descending rank), so that the gradients backward makes final
+            last, which the next forward uses first, come first; 0 for
+            gradients not reached.
     """
 
-    def __init__(self, consumers, counts, functions, watched):
+    def __init__(self, consumers, counts, functions, watched, forward):
         self.consumers = consumers
         self.counts = counts
         self.reached = tuple(i for i, c in enumerate(counts) if c > 0)
+        self.forward = forward
         self.functions = functions
         self._watched = watched
         self._flags = need_grad_flags(watched)
@@ -85,6 +92,7 @@ def analyze(root, positions):
         assert set(graph.consumers) == set(called)
     """
     counts = [0] * len(positions)
+    forward = [0.0] * len(positions)
     consumers = {}
     functions = []
     # Every function opened, called or skipped, with the inputs whose flag
@@ -115,9 +123,12 @@ def analyze(root, positions):
                 stack.append(parent)
         for i in written:
             counts[i] += 1
+            forward[i] = -f.rank if counts[i] == 1 else \
+                max(forward[i], -f.rank)
         consumers[f] = (len(functions), tuple(written))
         functions.append(f)
-    return BackwardGraph(consumers, counts, functions, watched)
+    return BackwardGraph(consumers, counts, functions, watched,
+                         tuple(forward))
 
 
 def samples_in(loss, parameters):

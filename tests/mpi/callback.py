@@ -20,9 +20,12 @@ keep_dtype False (reduced in float32, converted back: the bound is float32
 rounding plus one float16 rounding) and True (reduced in float16: float16
 rounding per addition); a callback reused over iterations and over a
 rebuilt graph against a new one per iteration; gradients accumulated over
-two backwards; nncomm.chain_hooks.
+two backwards; nncomm.chain_hooks; priority order ("forward" and numbers).
 """
+import os
+
 import numpy as np
+from mpi4py import MPI
 
 import nnabla as nn
 import nnabla.functions as F
@@ -146,7 +149,9 @@ def expect_reduced(ck, model, gathered, ranks, scale, division, what,
 
 
 def against_all_reduce(ck, comm, model, group, ranks, pack, division, scale,
-                       clear_buffer, key):
+                       clear_buffer, key, priority=None):
+    """The callback's results against all_reduce's; returns the callback
+    (on the group's ranks)."""
     model.feed(key, comm.rank)
     gathered = model.local_backward()  # every rank: world collective
     if comm.rank not in ranks:
@@ -154,13 +159,38 @@ def against_all_reduce(ck, comm, model, group, ranks, pack, division, scale,
     comm.all_reduce(model.grads(), division=division, group=group)
     reduced = [np.array(g.data) for g in model.grads()]
     cb = comm.all_reduce_callback(model.grads(), pack, division=division,
-                                  group=group, scale_grad=scale)
+                                  group=group, scale_grad=scale,
+                                  priority=priority)
     model.hooked_backward(cb, clear_buffer)
     what = (f"callback group={group}{ranks} pack_size={pack} "
             f"division={division} scale_grad={scale} "
-            f"clear_buffer={clear_buffer}")
+            f"clear_buffer={clear_buffer} priority={priority}")
     expect_reduced(ck, model, gathered, ranks, scale, division, what,
                    reduced=reduced)
+    return cb
+
+
+def prioritized(ck, comm, models, world):
+    """priority: the results as without; the buckets launched alike on
+    every rank; and under the deferred schedule, where every bucket is
+    ready at once, "forward" launches first the first layer's (the main
+    model's convolution, gradients 0 and 1)."""
+    main, shared = models
+    deferred = os.environ.get("NNCOMM_LAUNCH") == "deferred"
+    for model, pack, priority in [
+            (main, 8, "forward"), (main, 1000, "forward"),
+            (shared, 2, "forward"),
+            (main, 64, list(range(len(main.params)))[::-1])]:
+        cb = against_all_reduce(ck, comm, model, "world", world, pack, True,
+                                0.5, False, f"priority/{pack}", priority)
+        what = f"{model.name} pack_size={pack} priority={priority}"
+        everywhere = MPI.COMM_WORLD.allgather(cb.launch_order)
+        ck.true(all(o == everywhere[0] for o in everywhere),
+                f"{what}: launched alike on every rank", str(everywhere))
+        if deferred and model is main:
+            ck.true({0, 1} & set(cb.launch_order[0]),
+                    f"{what}: the first layer's gradients first",
+                    str(cb.launch_order))
 
 
 # -- gradients the graph does not produce -----------------------------------
@@ -441,6 +471,7 @@ def main():
     half = half_model()
     for group in ("world", "reversed" if n >= 2 else "single_last"):
         float16_cases(ck, comm, half, group, groups[group], f"half/{group}")
+    prioritized(ck, comm, (model, shared), groups["world"])
     reuse(ck, comm, "reuse")
     accumulated(ck, comm, model, "accumulated")
     chained(ck, comm, model, "chained")

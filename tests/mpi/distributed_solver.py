@@ -12,7 +12,8 @@ rounding after every step.
 Cases: op average and sum, Momentum and Adam, fp16 and bf16 compression
 (to 16-bit precision), backward_passes_per_step 2
 (two passes on halves of the slice), a sub-group, a user hook chained,
-gradient_predivide_factor, groups (an int and by hand), and the warm
+gradient_predivide_factor, groups (an int and by hand), BytePS's
+priority="forward" (in buckets small enough to be ordered), and the warm
 start (distributed_after: the reference trains each rank's model alone
 in-process first, then averages parameters and solver states);
 misuse raising before any communication: update() without the reducing
@@ -149,6 +150,13 @@ def misuse(ck, comm):
     ck.raises(ValueError, "non-negative", "distributed_after -1",
               nncomm.DistributedSolver, S.Sgd(0.1), comm,
               distributed_after=-1)
+    ck.raises(ValueError, "priority must be", "priority backward",
+              nncomm.DistributedSolver, S.Sgd(0.1), comm,
+              priority="backward")
+    ck.raises(ValueError, "after it", "priority with quantized gradients",
+              nncomm.DistributedSolver, S.Sgd(0.1), comm,
+              compression=nncomm.Compression.quantized(8),
+              priority="forward")
     for groups, match in (([[x]], "not a parameter"),
                           ([list(params.values())[:2]] * 2, "two groups")):
         grouped = nncomm.DistributedSolver(S.Sgd(0.1), comm, groups=groups)
@@ -191,6 +199,8 @@ def main():
         lambda: S.Momentum(0.1, 0.9),
         groups=lambda p: [[p["a/affine/W"], p["c/affine/b"]],
                           [p["b/affine/W"]]])
+    run(ck, comm, "average Momentum, priority forward",
+        lambda: S.Momentum(0.1, 0.9), priority="forward", pack_size=16)
     run(ck, comm, "average Momentum, 2 steps alone",
         lambda: S.Momentum(0.1, 0.9), warm_steps=2)
     run(ck, comm, "average Adam, 2 passes, 1 step alone",

@@ -6,12 +6,17 @@
   values gives, bitwise (the same dtype reduced over the same MPI), under
   several pack sizes, keep_dtype, scale_grad and division, on the world
   and on a sub-group.
+- With a priority ("forward", or numbers with ties), the ranks agree on
+  which buckets are ready everywhere, and the results are the same
+  bitwise; when every bucket is ready at once, the highest priority goes
+  out first on every rank (launch_order).
 - Misuse raises a clear exception: ready() twice fails the iteration on
   every rank, as an exception inside ``with reducer:`` does; ready() out of range or outside an iteration, begin() twice,
   a bad order; one rank's fail() makes finish() raise on every rank;
   ranks with different gradients are refused on every rank.
 """
 import numpy as np
+from mpi4py import MPI
 
 from _harness import Checker, contribution, make_comm, nd, set_grad
 
@@ -25,15 +30,16 @@ def values(rank, it, i):
     return contribution(f"reducer{it}-{i}", rank, shape, dt)
 
 
-def run(ck, comm, group, ranks, pack_size, keep_dtype, scale, division):
+def run(ck, comm, group, ranks, pack_size, keep_dtype, scale, division,
+        priority):
     what = (f"group={group} pack={pack_size} keep={keep_dtype} "
-            f"scale={scale} division={division}")
+            f"scale={scale} division={division} priority={priority}")
     rank = comm.rank
     grads = [nd(np.zeros(shape, dt)) for shape, dt in SHAPES]
     reference = [nd(np.zeros(shape, dt)) for shape, dt in SHAPES]
     reducer = comm.gradient_reducer(grads, pack_size, division=division,
                                     group=group, scale_grad=scale,
-                                    keep_dtype=keep_dtype)
+                                    keep_dtype=keep_dtype, priority=priority)
     rng = np.random.default_rng(rank * 31 + pack_size)
     for it in range(3):
         for i in range(len(SHAPES)):
@@ -53,6 +59,36 @@ def run(ck, comm, group, ranks, pack_size, keep_dtype, scale, division):
         for i, (shape, dt) in enumerate(SHAPES):
             expected = np.array(reference[i].data).astype(dt)
             ck.array(grads[i], expected, f"{what} iteration {it} [{i}]", dt)
+
+
+def launch_order(ck, comm):
+    """Gradient 1 spans all four buckets, (0, 1), (1), (1), (1, 2), and is
+    made ready last, so that all become ready at once: they go out highest
+    priority first on every rank, ties in plan order."""
+    grads = [nd(np.full(n, comm.rank + 1.0, F32)) for n in (1, 38, 1)]
+    total = sum(range(1, comm.size + 1))
+    plan = [(0, 1), (1,), (1,), (1, 2)]
+    for priority, expected in [
+            (None, plan),
+            ("forward", [(1, 2), (0, 1), (1,), (1,)]),
+            ([5, 0, 9], [(1, 2), (0, 1), (1,), (1,)]),
+            ([4, 1, 4], [(0, 1), (1, 2), (1,), (1,)])]:
+        reducer = comm.gradient_reducer(grads, 10, order=[0, 1, 2],
+                                        priority=priority)
+        reducer.begin()
+        for i in (0, 2, 1):
+            reducer.ready(i)
+        reducer.finish()
+        ck.equal(reducer.launch_order, expected,
+                 f"launch order, priority={priority}")
+        everywhere = MPI.COMM_WORLD.allgather(reducer.launch_order)
+        ck.true(all(o == everywhere[0] for o in everywhere),
+                f"launch order alike on every rank, priority={priority}",
+                str(everywhere))
+        for x in grads:
+            ck.array(x, np.full(x.size, total, F32),
+                     f"all at once, priority={priority}")
+            set_grad(x, np.full(x.size, comm.rank + 1.0, F32))
 
 
 def misuse(ck, comm):
@@ -128,6 +164,11 @@ def misuse(ck, comm):
 
     ck.raises(ValueError, "order must list", "a bad order",
               comm.gradient_reducer, grads, 4, order=[0, 0])
+    for bad, error in (("backward", ValueError), ([1], ValueError),
+                       ([1, float("nan")], ValueError), (3, TypeError),
+                       ([1, "x"], TypeError)):
+        ck.raises(error, "priority must be", f"priority={bad!r}",
+                  comm.gradient_reducer, grads, 4, priority=bad)
     ck.raises(TypeError, "float32, float16 or float64", "integer gradients",
               comm.gradient_reducer, [nd(np.ones(3, np.int32))], 4)
     ck.raises(ValueError, "positive", "pack_size 0",
@@ -136,6 +177,9 @@ def misuse(ck, comm):
     if comm.size > 1:
         ck.raises(ValueError, "disagree", "ranks with different gradients",
                   comm.gradient_reducer, mine, 4)
+        ck.raises(ValueError, "disagree", "ranks with different priorities",
+                  comm.gradient_reducer, grads, 4,
+                  priority=[0, comm.rank])
 
 
 def main():
@@ -147,13 +191,15 @@ def main():
         ranks = list(range(comm.size))[::-1][:2]
         comm.new_group(("pair", ranks))
         groups["pair"] = ranks
-    for pack_size, keep_dtype, scale, division in [
-            (64, False, 1.0, True), (100000, True, 0.5, False),
-            (7, True, 2.0, True)]:
+    for pack_size, keep_dtype, scale, division, priority in [
+            (64, False, 1.0, True, None), (100000, True, 0.5, False, None),
+            (7, True, 2.0, True, None), (64, False, 1.0, True, "forward"),
+            (300, True, 2.0, True, [2, -1, 2, 0.5, 3, -1])]:
         for group, ranks in groups.items():
             if comm.rank in ranks:
                 run(ck, comm, group, ranks, pack_size, keep_dtype, scale,
-                    division)
+                    division, priority)
+    launch_order(ck, comm)
     misuse(ck, comm)
     ck.finish()
 
