@@ -21,12 +21,14 @@ kept) so that the machine's noise hits all alike:
 - ``fp16``: the same with ``Compression.fp16``;
 - ``8-bit``, ``1-bit``: ``data_parallel_solver(num_quantization_bits=8|1)``
   (CNTK's quantization with error feedback, one all-gather per step);
-- ``BMUF k``: ``block_momentum_solver`` synchronising every k steps;
+- ``BMUF k``: ``block_momentum_solver`` synchronising every k steps (its
+  timed steps rounded up to a multiple of k, so each window holds whole
+  blocks);
 - ``local``: the wrapped solver alone, no communication (the floor).
 
 Bytes on the wire: inside run_emulated_link.sh's private network namespace
 every byte between the ranks crosses the loopback, so rank 0 reads its
-counter (``/sys/class/net/lo/statistics/tx_bytes``) around each scheme's
+counter (in ``/proc/net/dev``) around each scheme's
 steps and prints MB per step per rank; elsewhere the loopback carries
 other traffic and the column says ``-``.
 """
@@ -44,12 +46,18 @@ import nncomm
 import nncomm.communicators as C
 from callback_bench import build_mlp, slowest
 
-LO_BYTES = "/sys/class/net/lo/statistics/tx_bytes"
+# /proc/net, unlike /sys, shows the reader's own network namespace.
+NET_DEV = "/proc/net/dev"
 
 
 def lo_bytes():
-    with open(LO_BYTES) as f:
-        return int(f.read())
+    """Bytes the loopback has sent."""
+    with open(NET_DEV) as f:
+        for line in f:
+            name, _, counters = line.partition(":")
+            if name.strip() == "lo":
+                return int(counters.split()[8])
+    raise RuntimeError(f"no lo in {NET_DEV}")
 
 
 def schemes(comm, args):
@@ -87,8 +95,7 @@ def main():
     comm = C.MultiProcessDataParallelCommunicator(
         get_extension_context("cpu"))
     comm.init()
-    counting = os.environ.get("MPIR_CVAR_NOLOCAL") == "1" and \
-        os.path.exists(LO_BYTES)
+    counting = os.environ.get("MPIR_CVAR_NOLOCAL") == "1"
 
     def say(*a):
         if world.rank == 0:
@@ -102,6 +109,10 @@ def main():
         solvers[name] = solver
     times = {name: [] for name in solvers}
     wire = {name: [] for name in solvers}
+    say(f"# {world.size} ranks, "
+        f"{sum(p.size for p in params.values()) / 1e6:.1f} M parameters, "
+        f"batch {args.batch} per rank; per round and scheme: ms per step, "
+        f"MB per step per rank")
 
     def step(solver, local):
         loss.forward()
@@ -112,26 +123,27 @@ def main():
             solver.backward(loss, clear_buffer=True)
         solver.update()
 
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         for name, solver in solvers.items():
             local = name == "local"
+            block = int(name.split()[1]) if name.startswith("BMUF") else 1
+            steps = -(-args.steps // block) * block
             for _ in range(args.warmup):
                 step(solver, local)
             world.Barrier()
             sent = lo_bytes() if counting else 0
             start = time.perf_counter()
-            for _ in range(args.steps):
+            for _ in range(steps):
                 step(solver, local)
             seconds = slowest(time.perf_counter() - start, world)
             world.Barrier()
-            times[name].append(seconds / args.steps)
+            times[name].append(seconds / steps)
             if counting:
-                wire[name].append((lo_bytes() - sent) / args.steps
-                                  / world.size)
+                wire[name].append((lo_bytes() - sent) / steps / world.size)
+            say(f"# round {r}: {name}: {times[name][-1] * 1e3:.1f} ms" + (
+                f", {wire[name][-1] / 1e6:.1f} MB" if counting else ""))
     plain = statistics.median(times["plain"])
-    say(f"# {world.size} ranks, {sum(p.size for p in params.values()) / 1e6:.1f}"
-        f" M parameters, batch {args.batch} per rank, medians of "
-        f"{args.rounds} rounds of {args.steps} steps")
+    say(f"# medians of {args.rounds} rounds of {args.steps} steps")
     say("| scheme | step ms | step / plain | MB per step per rank |")
     say("|---|---:|---:|---:|")
     for name in solvers:
