@@ -37,6 +37,24 @@ from setuptools.command.build_ext import build_ext
 CXXFLAGS = ["-std=c++17", "-O3", "-Wall"]
 
 
+def host_has_f16c():
+    """Whether this x86 processor converts float16 in hardware (F16C)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and "f16c" in line.split()
+                       for line in f)
+    except OSError:
+        return False
+
+
+# Without F16C every float16 conversion is a library call: the host's
+# float16 sums (MPI has none) ran at ~70 ns per element instead of ~9. The
+# modules are built where they run (bootstrap.sh), so the build machine's
+# processor is the one that matters.
+if host_has_f16c():
+    CXXFLAGS.append("-mf16c")
+
+
 def env_switch(name):
     """True, False, or None (decide automatically) from '1', '0' or unset."""
     value = os.environ.get(name, "").strip().lower()
