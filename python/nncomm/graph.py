@@ -131,6 +131,28 @@ def analyze(root, positions):
                          tuple(forward))
 
 
+def functions_behind(loss):
+    """Yields every function of the graph that computed `loss`, once each,
+    with its inputs (a list read once: nnabla builds it anew per read).
+
+    Args:
+        loss (nnabla.Variable): The output of a forward.
+
+    Yields:
+        tuple: (function, inputs).
+    """
+    stack = [loss.parent] if loss.parent is not None else []
+    opened = set(stack)
+    while stack:
+        f = stack.pop()
+        inputs = f.inputs
+        yield f, inputs
+        for v in inputs:
+            if v.parent is not None and v.parent not in opened:
+                opened.add(v.parent)
+                stack.append(v.parent)
+
+
 def samples_in(loss, parameters):
     """The number of samples `loss` was computed on: the first dimension of
     the graph's data inputs (its leaves other than `parameters`).
@@ -148,17 +170,9 @@ def samples_in(loss, parameters):
             on the first dimension; then only the caller knows.
     """
     params = {v.data for v in parameters}
-    sizes = set()
-    stack = [loss.parent] if loss.parent is not None else []
-    opened = set(stack)
-    while stack:
-        for v in stack.pop().inputs:
-            if v.parent is None:
-                if v.data not in params and v.shape:
-                    sizes.add(v.shape[0])
-            elif v.parent not in opened:
-                opened.add(v.parent)
-                stack.append(v.parent)
+    sizes = {v.shape[0] for _, inputs in functions_behind(loss)
+             for v in inputs
+             if v.parent is None and v.shape and v.data not in params}
     if len(sizes) != 1:
         raise ValueError(
             f"cannot tell the number of samples from the graph: its data "

@@ -7,6 +7,8 @@ import numpy as np
 import nnabla as nn
 import nnabla.functions as F
 
+from nncomm.graph import functions_behind
+
 
 def embedding_indices(loss, params):
     """The parameters the graph of `loss` uses only as ``Embed`` tables
@@ -23,22 +25,16 @@ def embedding_indices(loss, params):
     """
     names = {v.data: name for name, v in params.items()}
     indices, dense = {}, set()
-    stack = [loss.parent] if loss.parent is not None else []
-    opened = set(stack)
-    while stack:
-        f = stack.pop()
-        inputs = f.inputs
+    for f, inputs in functions_behind(loss):
         embed = f.info.type_name == "Embed"
         for position, v in enumerate(inputs):
             name = names.get(v.data)
-            if name is not None:
-                if embed and position == 1:
-                    indices.setdefault(name, []).append(inputs[0])
-                else:
-                    dense.add(name)
-            if v.parent is not None and v.parent not in opened:
-                opened.add(v.parent)
-                stack.append(v.parent)
+            if name is None:
+                continue
+            if embed and position == 1:
+                indices.setdefault(name, []).append(inputs[0])
+            else:
+                dense.add(name)
     return ({name: x for name, x in indices.items() if name not in dense},
             dense)
 
