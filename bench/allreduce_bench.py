@@ -4,7 +4,8 @@ Run with two ranks:
 
     .venv/bin/mpiexec -n 2 .venv/bin/python bench/allreduce_bench.py
 
-For each size (float32, 4 KiB to 64 MiB) it times, in the same run and
+For each size (float32 unless ``--dtype`` says otherwise, 4 KiB to 64 MiB)
+it times, in the same run and
 interleaved round by round so that machine noise hits both alike:
 
 - ``raw``: ``MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, a)`` on a numpy array,
@@ -15,6 +16,10 @@ Each figure is the best of ``--rounds`` rounds. Bus bandwidth follows
 nccl-tests: ``bytes / time * 2 (n - 1) / n``. ``ratio`` is nncomm's bus
 bandwidth over raw's (above 1: nncomm is faster); ``lat x`` is nncomm's
 latency over raw's.
+
+``--dtype float16`` measures the host's half-precision sums (mpich reduces
+float16 natively, so ``raw`` stays a fair baseline); nncomm's build needs the
+CPU's F16C instructions for them (setup.py adds ``-mf16c`` where it can).
 """
 import argparse
 import ctypes
@@ -48,6 +53,8 @@ def main():
                         help="seconds per measurement (sets iterations)")
     parser.add_argument("--sizes", type=int, nargs="+", default=SIZES,
                         help="message sizes in bytes")
+    parser.add_argument("--dtype", default="float32",
+                        choices=["float32", "float16"])
     args = parser.parse_args()
 
     ctx = get_extension_context("cpu")
@@ -56,16 +63,17 @@ def main():
     world = MPI.COMM_WORLD
     n = world.size
     if comm.rank == 0:
-        print(f"# {n} ranks, float32, best of {args.rounds} rounds")
+        print(f"# {n} ranks, {args.dtype}, best of {args.rounds} rounds")
         print(f"{'bytes':>10} {'raw us':>9} {'raw GB/s':>9} {'raw@nd GB/s':>11} "
               f"{'nncomm us':>10} {'nncomm GB/s':>11} {'ratio':>6} {'lat x':>6}")
     for nbytes in args.sizes:
-        count = nbytes // 4
-        a = np.ones(count, np.float32)
-        x = nn.NdArray.from_numpy_array(np.ones(count, np.float32))
-        address = x.data_ptr(np.float32, ctx)
-        view = np.ctypeslib.as_array(
-            (ctypes.c_float * count).from_address(address))
+        dtype = np.dtype(args.dtype)
+        count = nbytes // dtype.itemsize
+        a = np.ones(count, dtype)
+        x = nn.NdArray.from_numpy_array(np.ones(count, dtype))
+        address = x.data_ptr(dtype, ctx)
+        view = np.frombuffer(
+            (ctypes.c_char * nbytes).from_address(address), dtype)
         methods = {
             "raw": lambda: world.Allreduce(MPI.IN_PLACE, a),
             "raw@nd": lambda: world.Allreduce(MPI.IN_PLACE, view),
