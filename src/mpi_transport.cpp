@@ -36,15 +36,10 @@ Status mpi_failure(int mpi_error, const char *call) {
       return mpi_failure(_nncomm_err, #fn);                                    \
   } while (0)
 
-// MPI has no 16-bit float sums. Each step widens to float, adds, and rounds
-// back, which is what a float16 reduction in numpy does per addition.
-template <typename T>
+// MPI has no 16-bit float sums (host_ops.hpp: add_narrow).
+template <DType dt>
 void narrow_sum(void *in, void *inout, int *len, MPI_Datatype *) {
-  const T *a = static_cast<const T *>(in);
-  T *b = static_cast<T *>(inout);
-  for (int i = 0; i < *len; ++i) {
-    b[i] = static_cast<T>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
-  }
+  add_narrow(in, inout, dt, static_cast<size_t>(*len));
 }
 
 MPI_Datatype mpi_type(DType dt) {
@@ -61,9 +56,9 @@ MPI_Datatype mpi_type(DType dt) {
 
 // The op of a 16-bit float sum, created on first use; it lives until
 // MPI_Finalize frees it.
-template <typename T> Status narrow_sum_op(MPI_Op *op) {
+template <DType dt> Status narrow_sum_op(MPI_Op *op) {
   static MPI_Op created_op = MPI_OP_NULL;
-  static int created = MPI_Op_create(&narrow_sum<T>, 1, &created_op);
+  static int created = MPI_Op_create(&narrow_sum<dt>, 1, &created_op);
   if (created != MPI_SUCCESS)
     return mpi_failure(created, "MPI_Op_create");
   *op = created_op;
@@ -73,9 +68,9 @@ template <typename T> Status narrow_sum_op(MPI_Op *op) {
 // The sum for `dt`.
 Status sum_op(DType dt, MPI_Op *op) {
   if (dt == DType::kFloat16)
-    return narrow_sum_op<_Float16>(op);
+    return narrow_sum_op<DType::kFloat16>(op);
   if (dt == DType::kBFloat16)
-    return narrow_sum_op<BFloat16>(op);
+    return narrow_sum_op<DType::kBFloat16>(op);
   *op = MPI_SUM;
   return Status::Ok();
 }
