@@ -123,7 +123,7 @@ def rank_command(args):
     """What every rank runs.
 
     Through mpi4py's runner: a rank whose script raises then calls
-    MPI_Abort, and the launcher ends every rank; run as plain
+    MPI_Abort, and mpiexec (or srun) ends every rank; run as plain
     ``python script.py``, the other ranks would wait in their next
     collective until NNCOMM_TIMEOUT (30 minutes by default).
     """
