@@ -231,6 +231,7 @@ setup(
     ext_modules=cythonize(extensions, include_path=["pyx"],
                           compiler_directives={"language_level": "3"}),
     cmdclass={"build_ext": BuildExt},
+    entry_points={"console_scripts": ["nncomm-run = nncomm.run:main"]},
     python_requires=">=3.8",
     install_requires=["nnabla", "numpy", "mpi4py"],
 )

@@ -50,11 +50,17 @@ def run_program(program, n, env=None, timeout=180, mpiexec_args=()):
     # from also fighting over OpenMP threads.
     full_env.setdefault("OMP_NUM_THREADS", "1")
     full_env.update(env or {})
+    return run_command(cmd, full_env, timeout)
+
+
+def run_command(cmd, env, timeout=180):
+    """Runs `cmd` (a job launcher) with exactly the environment `env`,
+    whatever its outcome; returns as run_job does."""
     # A session of its own, so that a hung job can be killed with every
     # rank it started.
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=full_env,
+                            stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
