@@ -1,6 +1,7 @@
 """The examples train on 2 ranks and end with the same parameters on each
-(one short epoch: the README runs them in full)."""
+(one or two short epochs: the README runs them in full)."""
 import os
+import re
 import sys
 
 import pytest
@@ -13,10 +14,47 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(
 
 @pytest.mark.parametrize("script,args", [
     ("train_mlp.py", []), ("train_mlp.py", ["--overlap"]),
-    ("train_distributed_solver.py", []), ("train_1bit.py", [])])
+    ("train_distributed_solver.py", []), ("train_1bit.py", []),
+    ("train_resnet_digits.py", []),
+    ("train_resnet_digits.py", ["--overlap"])])
 def test_example_keeps_ranks_in_step(script, args):
+    run_example(script, "--epochs", "1", *args)
+
+
+def run_example(script, *args):
+    """Runs examples/<script> on 2 ranks; its stdout, once it has exited 0
+    and reported the same parameters on both."""
     code, out, err, _ = run_program(
-        [sys.executable, os.path.join(EXAMPLES, script), "--epochs", "1",
-         *args], 2, timeout=300)
+        [sys.executable, os.path.join(EXAMPLES, script), *args], 2,
+        timeout=300)
     assert code == 0, out + err
     assert "parameter checksums match across 2 ranks" in out, out + err
+    return out
+
+
+def test_resnet_resumes_where_its_checkpoint_left_off(tmp_path):
+    """Resumed from epoch 1's checkpoint, the second epoch comes out as it
+    did without stopping: parameters, running statistics and solver state
+    all restored on both ranks."""
+    script = "train_resnet_digits.py"
+    whole = run_example(script, "--epochs", "2",
+                        "--checkpoint-dir", tmp_path)
+    resumed = run_example(script, "--epochs", "2",
+                          "--checkpoint-dir", tmp_path, "--resume", "1")
+    first = re.search(r"^epoch   1 .*  (test loss \S+ accuracy \S+)$",
+                      whole, re.MULTILINE)
+    assert first, whole
+    assert re.search(rf"^resumed at epoch 2 from .*: {first.group(1)}$",
+                     resumed, re.MULTILINE), whole + resumed
+    assert "epoch   1 " not in resumed, resumed
+    second = re.findall(r"^epoch   2 .*$", whole, re.MULTILINE)
+    assert second and second == re.findall(r"^epoch   2 .*$", resumed,
+                                           re.MULTILINE), whole + resumed
+
+
+def test_resnet_without_a_checkpoint_fails_on_every_rank(tmp_path):
+    code, out, err, _ = run_program(
+        [sys.executable, os.path.join(EXAMPLES, "train_resnet_digits.py"),
+         "--checkpoint-dir", tmp_path, "--resume"], 2, timeout=120)
+    assert code != 0, out + err
+    assert err.count(f"no checkpoint in {tmp_path}") == 2, out + err
