@@ -194,6 +194,11 @@ def draw_bandwidth(args):
     return fig
 
 
+def milliseconds(ms):
+    """4458.81 -> '4458.8', 0.29883 -> '0.299': no powers of ten."""
+    return f"{ms:.1f}" if abs(ms) >= 10 else f"{ms:.3g}"
+
+
 def draw_breakdown(args):
     rows = read_rows(args.csv, {"schedule": str, "step_ms": float,
                                 "compute_ms": float,
@@ -206,7 +211,7 @@ def draw_breakdown(args):
            bottom=compute, label="exposed communication", color="tab:red")
     for x, r in zip(at, rows):
         top = r["compute_ms"] + max(0.0, r["exposed_comm_ms"])
-        ax.annotate(f"{r['step_ms']:.3g}", (x, top), ha="center",
+        ax.annotate(milliseconds(r["step_ms"]), (x, top), ha="center",
                     va="bottom", textcoords="offset points", xytext=(0, 2))
     ax.set_xticks(at, [f"{r['schedule']}\n"
                        f"{SCHEDULES.get(r['schedule'], '')}" for r in rows],
