@@ -6,10 +6,9 @@
 
 - ``bandwidth``: bus bandwidth against message size, one line per method
   (``raw``, ``raw@nd``, ``nncomm``), one panel per dtype, from the CSV files
-  of ``bench/allreduce_bench.py --csv``. A size that several files (or
-  several runs in one) measured is drawn at its best, as the benchmark keeps
-  the best of its rounds; runs at different rank counts get lines of their
-  own.
+  of ``bench/allreduce_bench.py --csv``. A size measured in several files
+  is drawn at its best, as the benchmark keeps the best of its rounds; runs
+  at different rank counts get lines of their own.
 - ``breakdown``: each schedule's step as a stacked bar, compute below and
   exposed communication above, the step time written on top, from
   ``bench/callback_bench.py --csv``. An exposed time below zero (a step that
@@ -35,7 +34,6 @@ import argparse
 import csv
 import itertools
 import json
-import sys
 from collections import defaultdict
 
 import matplotlib
@@ -53,6 +51,7 @@ SCHEDULES = {"fb": "no communication", "comm": "all-reduce alone",
              "cb_new": "new callback\neach step",
              "cb_fwd": "callback,\npriority forward"}
 TRACKS = ("backward", "gradients", "engine", "collectives")
+TIMED = ("X", "i", "I")           # span and instant events
 EVENT_COLOURS = {"backward": "tab:blue", "pack": "tab:orange",
                  "reduce": "tab:red", "unpack": "tab:green"}
 OTHER_COLOURS = ("tab:purple", "tab:brown", "tab:pink", "tab:olive",
@@ -160,6 +159,7 @@ def size_label(nbytes):
 
 
 def draw_bandwidth(args):
+    """The bandwidth picture of the CSV files `args.csv`."""
     rows = [row for path in args.csv for row in read_rows(
         path, {"bytes": int, "method": str, "busbw_gbps": float,
                "dtype": str, "ranks": int})]
@@ -200,6 +200,7 @@ def milliseconds(ms):
 
 
 def draw_breakdown(args):
+    """The breakdown picture of the CSV file `args.csv`."""
     rows = read_rows(args.csv, {"schedule": str, "step_ms": float,
                                 "compute_ms": float,
                                 "exposed_comm_ms": float, "ranks": int})
@@ -263,9 +264,13 @@ def load_trace(path):
 
 
 def iteration(event):
-    """The event's args.iteration, or None."""
+    """The event's args.iteration, or None; InputError if not an int."""
     args = event.get("args")
-    return args.get("iteration") if isinstance(args, dict) else None
+    k = args.get("iteration") if isinstance(args, dict) else None
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool)):
+        raise InputError(f"trace event {event.get('name')!r} has iteration "
+                         f"{k!r}, not an integer")
+    return k
 
 
 def pick_iteration(events, closed, wanted=None):
@@ -285,7 +290,7 @@ def pick_iteration(events, closed, wanted=None):
         InputError: no event has the iteration asked for, or (None asked
             for) no iteration is complete.
     """
-    seen = {iteration(e) for e in events} - {None}
+    seen = {iteration(e) for e in events if e.get("ph") in TIMED} - {None}
     if wanted is not None:
         if wanted not in seen:
             raise InputError(f"no event of iteration {wanted}; the trace "
@@ -331,7 +336,7 @@ def iteration_events(events, k):
         InputError: an event lacks a number for ts or dur.
     """
     timed = [timed_event(i, e) for i, e in enumerate(events)
-             if e.get("ph") in ("X", "i", "I")]
+             if e.get("ph") in TIMED]
     windows = {}
     for e in timed:
         if iteration(e) == k:
@@ -394,6 +399,8 @@ def lanes(bars):
 
 
 def draw_gantt(args):
+    """The Gantt chart of `args.iteration` (None: the last complete one) in
+    the trace `args.trace`."""
     events, closed = load_trace(args.trace)
     k = pick_iteration(events, closed, args.iteration)
     chosen = iteration_events(events, k)
@@ -476,6 +483,8 @@ def parser():
 
 
 def main(argv=None):
+    """Draws the picture the command line `argv` asks for (None: the
+    script's); bad input exits with status 2 and a message."""
     args = parser().parse_args(argv)
     try:
         fig = args.draw(args)
@@ -490,4 +499,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

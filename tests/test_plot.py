@@ -194,6 +194,9 @@ def test_bad_input_from_the_script_exits_2(tmp_path):
     ("gantt", '{"traceEvents": []}', "not a JSON array of trace events"),
     ("gantt", "[]", "no complete iteration"),
     ("gantt", '[{"ph": "X", "name": "backward", "pid": 0, "tid": 0, '
+              '"ts": 0, "dur": 1, "args": {"iteration": "first"}}]',
+     "trace event 'backward' has iteration 'first', not an integer"),
+    ("gantt", '[{"ph": "X", "name": "backward", "pid": 0, "tid": 0, '
               '"ts": "soon", "dur": 1, "args": {"iteration": 0}}]',
      "trace event 0 ('backward', ph 'X') has no number for ts or dur"),
 ])
