@@ -20,8 +20,12 @@ latency over raw's.
 ``--dtype float16`` measures the host's half-precision sums (mpich reduces
 float16 natively, so ``raw`` stays a fair baseline); nncomm's build needs the
 CPU's F16C instructions for them (setup.py adds ``-mf16c`` where it can).
+
+``--csv PATH`` also writes the figures, one row per size and method (columns
+bytes, method, seconds, busbw_gbps, dtype, ranks), for ``bench/plot.py``.
 """
 import argparse
+import csv
 import ctypes
 import time
 
@@ -55,6 +59,8 @@ def main():
                         help="message sizes in bytes")
     parser.add_argument("--dtype", default="float32",
                         choices=["float32", "float16"])
+    parser.add_argument("--csv", metavar="PATH",
+                        help="also write the figures to this CSV file")
     args = parser.parse_args()
 
     ctx = get_extension_context("cpu")
@@ -66,6 +72,7 @@ def main():
         print(f"# {n} ranks, {args.dtype}, best of {args.rounds} rounds")
         print(f"{'bytes':>10} {'raw us':>9} {'raw GB/s':>9} {'raw@nd GB/s':>11} "
               f"{'nncomm us':>10} {'nncomm GB/s':>11} {'ratio':>6} {'lat x':>6}")
+    rows = []
     for nbytes in args.sizes:
         dtype = np.dtype(args.dtype)
         count = nbytes // dtype.itemsize
@@ -92,6 +99,14 @@ def main():
                   f"{busbw['nncomm']:>11.2f} "
                   f"{busbw['nncomm'] / busbw['raw']:>6.2f} "
                   f"{best['nncomm'] / best['raw']:>6.2f}", flush=True)
+        rows += [[nbytes, name, best[name], busbw[name], args.dtype, n]
+                 for name in methods]
+    if args.csv and comm.rank == 0:
+        with open(args.csv, "w", newline="") as f:
+            out = csv.writer(f)
+            out.writerow(["bytes", "method", "seconds", "busbw_gbps",
+                          "dtype", "ranks"])
+            out.writerows(rows)
 
 
 if __name__ == "__main__":

@@ -74,10 +74,18 @@ every gradient made ready and the iteration finished, with and without
 ``NNCOMM_LAUNCH=deferred`` that is one round; eager, up to one per
 bucket).
 
+``--csv PATH`` also writes a step's breakdown per schedule (the medians),
+for ``bench/plot.py``: columns schedule (``fb``, ``comm``, ``seq``, ``cb``,
+...), step_ms, compute_ms, exposed_comm_ms and ranks. Compute is ``T_fb``,
+the step without communication (none for ``comm``, the all-reduce alone),
+and the exposed communication is the rest of the step: ``T_x - T_fb``,
+negative where noise made a step faster than ``T_fb``.
+
 Until nncomm has ``all_reduce_callback`` the callback figures are skipped
 and said so.
 """
 import argparse
+import csv
 import os
 import resource
 import statistics
@@ -201,7 +209,12 @@ def main():
     parser.add_argument("--skip-mlp", action="store_true")
     parser.add_argument("--only-link-check", action="store_true",
                         help="time MPI's all-reduce of the model's size only")
+    parser.add_argument("--csv", metavar="PATH",
+                        help="also write the step breakdown to this CSV file")
     args = parser.parse_args()
+    if args.csv and (args.skip_mlp or args.only_link_check):
+        parser.error("--csv writes the MLP's figures: not with --skip-mlp "
+                     "or --only-link-check")
 
     ctx = get_extension_context("cpu")
     nn.set_default_context(ctx)
@@ -391,8 +404,23 @@ def mlp(args, comm, world, have_cb, say):
 
     report(med, "medians")
     report(best, "best rounds")
+    if args.csv and comm.rank == 0:
+        write_breakdown(args.csv, med, comm.size)
     if have_cb and args.breakdown_steps > 0:
         breakdown(args, loss, params, cb, world, say)
+
+
+def write_breakdown(path, seconds, ranks):
+    """Writes each schedule's step as compute (`T_fb`) and exposed
+    communication (the rest) to the CSV file `path`."""
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["schedule", "step_ms", "compute_ms", "exposed_comm_ms",
+                      "ranks"])
+        for name, t in seconds.items():
+            compute = 0.0 if name == "comm" else seconds["fb"]
+            out.writerow([name, t * 1e3, compute * 1e3,
+                          (t - compute) * 1e3, ranks])
 
 
 def breakdown(args, loss, params, cb, world, say):
