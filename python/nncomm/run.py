@@ -88,7 +88,7 @@ def parse_args(argv=None):
               f"       {PROG} -np N [options] -m module [args ...]",
         description="Runs a Python script on N ranks under mpiexec (srun "
                     "inside a Slurm allocation).")
-    parser.add_argument("-np", "--num-proc", dest="np", metavar="N",
+    parser.add_argument("-np", "-n", "--num-proc", dest="np", metavar="N",
                         type=positive_int, required=True,
                         help="number of ranks")
     hosts = parser.add_mutually_exclusive_group()
