@@ -98,7 +98,7 @@ class BlockMomentumSolver(SolverWrapper):
         distributed_after (int): CNTK's warm start: each rank trains its
             first `distributed_after` samples alone, then the ranks average
             their parameters and solver states once
-            (:class:`nncomm.warm_start.WarmStart`) and the first block
+            (``nncomm.warm_start.WarmStart``) and the first block
             starts from that average.
         group (str): Name of the communicator's group to train over.
 

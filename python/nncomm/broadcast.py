@@ -112,8 +112,7 @@ def broadcast_object(comm, obj, root=0, group="world"):
         group (str): Name of a group.
 
     Returns:
-        The object: ``obj`` itself on the root, an unpickled copy
-        elsewhere.
+        ``obj`` itself on the root, an unpickled copy elsewhere.
 
     Raises:
         pickle.PicklingError: On every rank, with the root's reason, when
