@@ -2,7 +2,7 @@
 
 Run with any number of ranks:
 
-    .venv/bin/mpiexec -n 2 .venv/bin/python examples/train_1bit.py
+    .venv/bin/nncomm-run -np 2 examples/train_1bit.py
 
 It is train_distributed_solver.py with the solver CNTK's
 ``data_parallel_distributed_learner(num_quantization_bits=1)`` would make:

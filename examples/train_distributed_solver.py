@@ -2,7 +2,7 @@
 
 Run with any number of ranks:
 
-    .venv/bin/mpiexec -n 2 .venv/bin/python examples/train_distributed_solver.py
+    .venv/bin/nncomm-run -np 2 examples/train_distributed_solver.py
 
 The solver wrapper does what train_mlp.py spells out: set_parameters()
 gives every rank rank 0's weights, backward() all-reduces the gradients

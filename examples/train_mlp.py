@@ -2,7 +2,7 @@
 
 Run with any number of ranks:
 
-    .venv/bin/mpiexec -n 2 .venv/bin/python examples/train_mlp.py
+    .venv/bin/nncomm-run -np 2 examples/train_mlp.py
 
 On GPUs, where nnabla-ext-cuda is installed, ``--context cudnn`` trains on
 the device of each rank's local rank, as nnabla's examples do.

@@ -3,7 +3,7 @@ nncomm, with checkpoints and resume.
 
 Run with any number of ranks:
 
-    .venv/bin/mpiexec -n 2 .venv/bin/python examples/train_resnet_digits.py
+    .venv/bin/nncomm-run -np 2 examples/train_resnet_digits.py
 
 It is laid out as nnabla-examples' distributed image classification: one
 communicator, each rank training on its own shard of the data, gradients
