@@ -165,7 +165,7 @@ def test_slurm_refuses_hosts(slurm):
 
 
 SECONDS = "expected seconds from 0 (none) to 1e9"
-NP = "argument -np/--num-proc: expected a positive number of ranks"
+NP = "argument -np/-n/--num-proc: expected a positive number of ranks"
 
 
 @pytest.mark.parametrize("args,env,message", [
@@ -201,9 +201,10 @@ def test_bad_launch_exits_2(args, env, message):
     assert err.splitlines()[-1] == f"nncomm-run: error: {message}"
 
 
+@pytest.mark.parametrize("flag", ["-np", "-n"])
 @pytest.mark.parametrize("count", ["0", "two", "-1"])
-def test_bad_rank_count_exits_2(count):
-    code, out, err = launch(["-np", count, LAUNCHED])
+def test_bad_rank_count_exits_2(flag, count):
+    code, out, err = launch([flag, count, LAUNCHED])
     assert code == 2 and out == ""
     assert err.splitlines()[-1] == \
         f"nncomm-run: error: {NP}, got '{count}'"
