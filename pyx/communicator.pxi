@@ -309,9 +309,11 @@ cdef class Communicator:
             raise ValueError(f"group {name!r} lists a rank twice: {ranks}")
         group = _Group(ranks)
         cdef vector[int] cranks = ranks
+        cdef string cname = name.encode()
         cdef Status status
         with nogil:
-            status = deref(world.core).create_subgroup(cranks, &group.core)
+            status = deref(world.core).create_subgroup(cranks, cname,
+                                                       &group.core)
         CHKSTATUS(status)
         self._groups[name] = group
         return name

@@ -71,7 +71,7 @@ cdef extern from "nncomm/group.hpp" namespace "nncomm" nogil:
     cdef cppclass Group:
         @staticmethod
         Status Create(MPI_Comm comm, unique_ptr[Group]* out)
-        Status create_subgroup(const vector[int]& ranks,
+        Status create_subgroup(const vector[int]& ranks, const string& name,
                                unique_ptr[Group]* out)
         Status create_engine(size_t num_tensors, vector[Bucket] plan,
                              int poll_us, unique_ptr[Engine]* out)

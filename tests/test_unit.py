@@ -1,5 +1,5 @@
 """The C++ unit tests (tests/unit/): the engine, the bucket runner on host memory, the
-list collectives, the launch tuner and the waits, on an in-process fake
+list collectives, the launch tuner, the waits and the timeline, on an in-process fake
 transport, without MPI. The program is built once per session from
 tests/unit/ and the core's MPI-free sources; each C++ test runs in a
 process of its own, under the settings it is about where it has some
@@ -20,7 +20,7 @@ CORE = ["src/engine.cpp", "src/bucket_runner.cpp", "src/host_arrays.cpp",
         "src/transport.cpp", "src/wait.cpp", "src/config.cpp",
         "src/bucket_plan.cpp", "src/pack.cpp", "src/host_ops.cpp",
         "src/fusion_buffer.cpp", "src/launch_tuner.cpp",
-        "src/host_memory.cpp", "src/collectives.cpp"]
+        "src/host_memory.cpp", "src/collectives.cpp", "src/timeline.cpp"]
 FLAGS = ["-std=c++17", "-O1", "-g", "-Iinclude", "-Itests/unit"]
 
 # Every test: direct arrays of hundreds of elements rather than a MiB's
