@@ -134,6 +134,7 @@ cdef extern from "nncomm/config.hpp" namespace "nncomm::config" nogil:
     size_t direct_bytes()
     size_t chunk_bytes()
     const string& nccl_library()
+    const string& timeline_path()
     enum class CallChecks(int):
         kOff
         kNew
@@ -145,6 +146,14 @@ cdef extern from "nncomm/nccl_api.hpp" namespace "nncomm" nogil:
     cdef cppclass NcclApi:
         pass
     Status load_nccl(const string& path, const NcclApi** api)
+
+
+cdef extern from "nncomm/timeline.hpp" namespace "nncomm" nogil:
+    cdef cppclass Timeline:
+        @staticmethod
+        Status start(const string& path, int rank)
+        @staticmethod
+        Status stop()
 
 
 cdef extern from "nncomm/wait.hpp" namespace "nncomm" nogil:
