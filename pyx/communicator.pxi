@@ -261,9 +261,9 @@ cdef class Communicator:
         given to :meth:`start_timeline` (rank 0 writes it, once every rank
         has written its part). Collective over the world group. Without
         it, the interpreter's exit stops the timeline: rank 0 then waits up
-        to 10 s for the other ranks' parts, and leaves those it did not get
-        for ``python -m nncomm.timeline merge`` (see
-        :mod:`nncomm.timeline`).
+        to 10 s for the other ranks' parts; where one is missing or cut
+        short, every part is kept for ``python -m nncomm.timeline merge``
+        (see :mod:`nncomm.timeline`).
 
         Returns:
             str: The timeline file's path, on every rank; None when no

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -68,69 +69,106 @@ Recorder &recorder() {
 // Serialises start() and stop().
 std::mutex control;
 
-double micros(Clock::duration d) {
-  return std::chrono::duration<double, std::micro>(d).count();
+// The writer formats with appends and integer conversions rather than
+// printf: a step can record thousands of events, and the writer's thread
+// shares the cores with training.
+void append_int(std::string &out, int64_t value) {
+  char digits[24];
+  const auto done = std::to_chars(digits, digits + sizeof digits, value);
+  out.append(digits, done.ptr);
 }
 
-void put_string(std::FILE *f, const char *s) {
-  std::fputc('"', f);
+// Microseconds to the nanosecond, from a duration that is not negative.
+void append_micros(std::string &out, Clock::duration d) {
+  const int64_t ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+  append_int(out, ns / 1000);
+  const int64_t fraction = ns % 1000;
+  out += '.';
+  out += static_cast<char>('0' + fraction / 100);
+  out += static_cast<char>('0' + fraction / 10 % 10);
+  out += static_cast<char>('0' + fraction % 10);
+}
+
+void append_string(std::string &out, const char *s) {
+  out += '"';
   for (; *s != '\0'; ++s) {
     const unsigned char c = static_cast<unsigned char>(*s);
     if (c == '"' || c == '\\') {
-      std::fputc('\\', f);
-      std::fputc(c, f);
+      out += '\\';
+      out += static_cast<char>(c);
     } else if (c < 0x20) {
-      std::fprintf(f, "\\u%04x", c);
+      const char *hex = "0123456789abcdef";
+      out += "\\u00";
+      out += hex[c >> 4];
+      out += hex[c & 15];
     } else {
-      std::fputc(c, f);
+      out += static_cast<char>(c);
     }
   }
-  std::fputc('"', f);
+  out += '"';
 }
 
-void put_args(std::FILE *f, const TimelineArgs &a) {
-  const char *separator = "";
-  const auto number = [&](const char *key, int64_t value) {
-    if (value < 0)
-      return;
-    std::fprintf(f, "%s\"%s\":%lld", separator, key,
-                 static_cast<long long>(value));
-    separator = ",";
+void append_args(std::string &out, const TimelineArgs &a) {
+  char separator = '{';
+  const auto key = [&](const char *name) {
+    out += separator;
+    out += '"';
+    out += name;
+    out += "\":";
+    separator = ',';
   };
-  std::fputc('{', f);
+  const auto number = [&](const char *name, int64_t value) {
+    if (value >= 0) {
+      key(name);
+      append_int(out, value);
+    }
+  };
   number("iteration", a.iteration);
   number("bucket", a.bucket);
   number("tensor", a.tensor);
   number("bytes", a.bytes);
   if (a.dtype != nullptr) {
-    std::fprintf(f, "%s\"dtype\":", separator);
-    put_string(f, a.dtype);
-    separator = ",";
+    key("dtype");
+    append_string(out, a.dtype);
   }
   if (a.key != nullptr) {
-    std::fprintf(f, "%s\"%s\":", separator, a.key);
-    put_string(f, a.text.c_str());
+    key(a.key);
+    append_string(out, a.text.c_str());
   }
-  std::fputc('}', f);
+  if (separator == '{')
+    out += '{';
+  out += '}';
 }
 
-void put_event(const Recorder &r, const Event &e) {
-  std::FILE *f = r.file;
-  std::fputs("{\"name\":", f);
-  if (e.name != nullptr)
-    put_string(f, e.name);
-  else
-    std::fprintf(f, "\"%lld\"", static_cast<long long>(e.args.tensor));
-  std::fprintf(f, ",\"cat\":\"%s\",\"ph\":\"%c\",\"ts\":%.3f,",
-               track_name(e.track), e.phase, micros(e.begin - r.start));
-  if (e.phase == 'X')
-    std::fprintf(f, "\"dur\":%.3f,", micros(e.end - e.begin));
-  else
-    std::fputs("\"s\":\"t\",", f);
-  std::fprintf(f, "\"pid\":%d,\"tid\":%d,\"args\":", r.rank,
-               static_cast<int>(e.track));
-  put_args(f, e.args);
-  std::fputs("},\n", f);
+void append_event(std::string &out, const Recorder &r, const Event &e) {
+  out += "{\"name\":";
+  if (e.name != nullptr) {
+    append_string(out, e.name);
+  } else {
+    out += '"';
+    append_int(out, e.args.tensor);
+    out += '"';
+  }
+  out += ",\"cat\":\"";
+  out += track_name(e.track);
+  out += "\",\"ph\":\"";
+  out += e.phase;
+  out += "\",\"ts\":";
+  append_micros(out, e.begin - r.start);
+  if (e.phase == 'X') {
+    out += ",\"dur\":";
+    append_micros(out, e.end - e.begin);
+  } else {
+    out += ",\"s\":\"t\"";
+  }
+  out += ",\"pid\":";
+  append_int(out, r.rank);
+  out += ",\"tid\":";
+  append_int(out, static_cast<int>(e.track));
+  out += ",\"args\":";
+  append_args(out, e.args);
+  out += "},\n";
 }
 
 // The names and order of the rank's process and tracks.
@@ -154,6 +192,7 @@ void put_metadata(const Recorder &r) {
 void write_loop(Recorder &r) {
   std::vector<Event> batch;
   batch.reserve(r.capacity);
+  std::string text;
   std::fputs("[\n", r.file);
   put_metadata(r);
   std::unique_lock<std::mutex> lock(r.mutex);
@@ -165,7 +204,9 @@ void write_loop(Recorder &r) {
     const bool last = r.stopping;
     lock.unlock();
     for (const Event &e : batch)
-      put_event(r, e);
+      append_event(text, r, e);
+    std::fwrite(text.data(), 1, text.size(), r.file);
+    text.clear();
     batch.clear();
     // What a job that dies leaves is readable up to here.
     std::fflush(r.file);
@@ -245,12 +286,16 @@ Status Timeline::stop() {
     dropped = r.dropped;
     std::vector<Event>().swap(r.pending);
   }
-  std::fprintf(r.file,
-               "{\"name\":\"timeline stopped\",\"cat\":\"timeline\","
-               "\"ph\":\"i\",\"s\":\"p\",\"ts\":%.3f,\"pid\":%d,\"tid\":0,"
-               "\"args\":{\"dropped_events\":%llu}}\n]\n",
-               micros(Clock::now() - r.start), r.rank,
-               static_cast<unsigned long long>(dropped));
+  // The last event, and the array's end.
+  std::string last = "{\"name\":\"timeline stopped\",\"cat\":\"timeline\","
+                     "\"ph\":\"i\",\"s\":\"p\",\"ts\":";
+  append_micros(last, Clock::now() - r.start);
+  last += ",\"pid\":";
+  append_int(last, r.rank);
+  last += ",\"tid\":0,\"args\":{\"dropped_events\":";
+  append_int(last, static_cast<int64_t>(dropped));
+  last += "}}\n]\n";
+  std::fwrite(last.data(), 1, last.size(), r.file);
   const bool written = std::ferror(r.file) == 0;
   const bool closed = std::fclose(r.file) == 0;
   r.file = nullptr;

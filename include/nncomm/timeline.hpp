@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -95,27 +96,29 @@ class TimelineSpan {
 public:
   TimelineSpan(Track track, const char *name, bool wanted = true)
       : on_(wanted && Timeline::on()), track_(track), name_(name) {
-    if (on_)
+    if (on_) {
+      args_.emplace();
       begin_ = Timeline::Clock::now();
+    }
   }
   ~TimelineSpan() {
     if (on_) {
       Timeline::complete(track_, name_, begin_, Timeline::Clock::now(),
-                         std::move(args_));
+                         std::move(*args_));
     }
   }
   TimelineSpan(const TimelineSpan &) = delete;
   TimelineSpan &operator=(const TimelineSpan &) = delete;
 
   bool on() const { return on_; }
-  TimelineArgs &args() { return args_; }
+  TimelineArgs &args() { return *args_; }
 
 private:
   const bool on_;
   const Track track_;
   const char *const name_;
   Timeline::Clock::time_point begin_;
-  TimelineArgs args_;
+  std::optional<TimelineArgs> args_; // only while on: nothing to build off
 };
 
 } // namespace nncomm

@@ -8,8 +8,9 @@ to record. ``comm.stop_timeline()``, once every rank has closed its part,
 has rank 0 merge the parts into ``path``, the one file to open in Perfetto
 or chrome://tracing, and remove them; so does the interpreter's exit, where
 rank 0 waits a bounded time for the other ranks' parts instead of meeting
-them. Parts that could not be merged (a job that died, ranks on hosts that
-share no file system with rank 0) stay where they are, and merge by hand::
+them. Where a part was missing or cut short (ranks on hosts that share no
+file system with rank 0, a job that died), every part is kept, to merge by
+hand once all are there::
 
     python -m nncomm.timeline merge timeline.json timeline.json.rank*
 

@@ -15,8 +15,8 @@ no event dropped.
 Modes (first argument):
 - ``record DIR``: comm.start_timeline(DIR/trace.json), train, stop, check;
   then the refusals (a second start, ranks naming different files, a
-  directory that does not exist), and a second timeline replacing the
-  first.
+  directory that does not exist, a part one rank cannot write), a second
+  timeline replacing the first, and finalize() stopping a third.
 - ``env DIR``: NNCOMM_TIMELINE is set (the test sets it): train and exit
   without stopping; the exit merges (the test checks that with ``check``).
 - ``check FILE RANKS`` (one rank): checks a timeline recorded on RANKS
@@ -35,7 +35,7 @@ from mpi4py import MPI
 
 import nnabla as nn
 import nnabla.solvers as S
-from nncomm.timeline import load, part_path
+from nncomm.timeline import is_complete, load, part_path
 
 from _harness import Checker, make_comm, mlp, nd
 
@@ -304,6 +304,12 @@ def record(ck, comm, folder):
              sorted({(r, n) for r in range(comm.size)
                      for n in ("all_reduce", "timeline stopped")}),
              "a second timeline replaces the first")
+
+    comm.start_timeline(path)
+    comm.finalize()
+    ck.true(is_complete(path) and not os.path.exists(
+        part_path(path, MPI.COMM_WORLD.rank)),
+        "finalize() stops the timeline and merges it")
 
 
 def main():
