@@ -27,7 +27,13 @@ without the solver:
   (what nnabla-examples do);
 - ``T_cb_fwd`` (with ``--priority``): ``T_cb`` with
   ``priority="forward"``, the ranks agreeing in rounds which buckets are
-  ready everywhere (one small all-reduce a round).
+  ready everywhere (one small all-reduce a round);
+- ``T_cb_tl`` (with ``--timeline PATH``): ``T_cb``, the same callback on
+  the same schedule, with the timeline recording (``comm.start_timeline``
+  before the round's steps, ``stop_timeline`` after, neither timed); the
+  ratio ``T_cb_tl/T_cb`` is the timeline's cost, and PATH is left holding
+  the last round's timeline (that of the hook overhead below goes beside
+  it, ``<stem>-tiny<ext>``).
 
 The callback's engine chooses on its first iterations whether to launch
 buckets as they become ready or all at the end of backward (``auto``, the
@@ -63,7 +69,8 @@ the remaining buckets (the part of the communication left unhidden).
 Last, the hook overhead: backward of a chain of ``--tiny-functions`` Add2
 functions on a (4, 16) tensor, each adding its own (4, 16) parameter, timed
 with no hook, with a trivial Python ``function_post_hook`` and with nncomm's
-callback (with ``--priority`` also ``priority="forward"``: with
+callback (with ``--timeline`` also with the timeline recording, a ready
+instant per function; with ``--priority`` also ``priority="forward"``: with
 ``--pack-size 64`` a bucket per parameter, up to a round each), in
 microseconds per function.
 
@@ -85,6 +92,7 @@ Until nncomm has ``all_reduce_callback`` the callback figures are skipped
 and said so.
 """
 import argparse
+import contextlib
 import csv
 import os
 import resource
@@ -200,6 +208,9 @@ def main():
                         help="skip T_cb_new (a new callback every step)")
     parser.add_argument("--priority", action="store_true",
                         help="also time T_cb_fwd (priority='forward')")
+    parser.add_argument("--timeline", metavar="PATH",
+                        help="also time T_cb_tl: T_cb with the timeline "
+                        "recording into PATH")
     parser.add_argument("--breakdown-steps", type=int, default=4,
                         help="steps of the T_cb breakdown (0: none)")
     parser.add_argument("--tiny-functions", type=int, default=1000)
@@ -248,6 +259,22 @@ def main():
     say(f"# {time.perf_counter() - start:.0f} s; CPU stolen by the "
         f"hypervisor meanwhile {steal_seconds() - steal:.1f} s; "
         "load average %.2f %.2f %.2f" % os.getloadavg())
+
+
+def recording(comm, path):
+    """A context in which the timeline records into `path` (None: a
+    context that does nothing)."""
+    if path is None:
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def on():
+        comm.start_timeline(path)
+        try:
+            yield
+        finally:
+            comm.stop_timeline()
+    return on()
 
 
 def link_check(count, world, say):
@@ -354,6 +381,8 @@ def mlp(args, comm, world, have_cb, say):
             methods["cb_new"] = with_new_cb
         if forward_first is not None:
             methods["cb_fwd"] = with_forward_first
+        if args.timeline:
+            methods["cb_tl"] = with_cb
 
     fb()                         # warm up: allocations, first-touch
     seq()
@@ -363,13 +392,14 @@ def mlp(args, comm, world, have_cb, say):
     for _ in range(args.rounds):
         for name, fn in methods.items():
             total = used = 0.0
-            for _ in range(args.iters):
-                world.Barrier()
-                start = time.perf_counter()
-                cpu_start = process_cpu()
-                fn()
-                used += process_cpu() - cpu_start
-                total += slowest(time.perf_counter() - start, world)
+            with recording(comm, args.timeline if name == "cb_tl" else None):
+                for _ in range(args.iters):
+                    world.Barrier()
+                    start = time.perf_counter()
+                    cpu_start = process_cpu()
+                    fn()
+                    used += process_cpu() - cpu_start
+                    total += slowest(time.perf_counter() - start, world)
             rounds[name].append(total / args.iters)
             cpu[name].append(world.allreduce(used / args.iters) / world.size)
     if have_cb:
@@ -399,6 +429,9 @@ def mlp(args, comm, world, have_cb, say):
             say(f"T_{key}/max(T_fb,T_comm)".ljust(29)
                 + f"{t_cb / max(t_fb, t_comm):6.3f}")
             say(f"hidden fraction ({key})".ljust(29) + f"{hidden:6.3f}")
+        if "cb_tl" in t:
+            say("T_cb_tl/T_cb (timeline)".ljust(29)
+                + f"{t['cb_tl'] / t['cb']:6.3f}")
         if "cb" not in t:
             say("T_cb: not measured (comm has no all_reduce_callback)")
 
@@ -477,6 +510,8 @@ def tiny(args, comm, world, have_cb, say):
     if have_cb:
         hooks["nncomm"] = comm.all_reduce_callback(grads, args.pack_size,
                                                    division=True)
+    if have_cb and args.timeline:
+        hooks["timeline"] = hooks["nncomm"]   # timed while recording
     if have_cb and args.priority:
         hooks["forward"] = comm.all_reduce_callback(
             grads, args.pack_size, division=True, priority="forward")
@@ -497,9 +532,11 @@ def tiny(args, comm, world, have_cb, say):
     for hook in hooks.values():
         timed(hook)                            # warm up
     rounds = {name: [] for name in hooks}
+    path = "%s-tiny%s" % os.path.splitext(args.timeline or "")
     for _ in range(args.tiny_rounds):
         for name, hook in hooks.items():
-            rounds[name].append(timed(hook))
+            with recording(comm, path if name == "timeline" else None):
+                rounds[name].append(timed(hook))
     med = {k: statistics.median(v) for k, v in rounds.items()}
     best = {k: min(v) for k, v in rounds.items()}
     say(f"# hook overhead: backward of {args.tiny_functions} Add2 + 1 Sum on "

@@ -74,7 +74,9 @@ cdef class Communicator:
 
     def init(self):
         """Initializes the communicator: duplicates ``MPI_COMM_WORLD`` and
-        finds this process's ranks. Call it once, on every rank.
+        finds this process's ranks. Call it once, on every rank. With
+        ``NNCOMM_TIMELINE=path`` set, starts the timeline there (see
+        :meth:`start_timeline`).
         """
         if self._finalized:
             raise RuntimeError(_FINALIZED)
@@ -89,6 +91,8 @@ cdef class Communicator:
         CHKSTATUS(status)
         _agree_on_settings(world)
         self._workers = _gather_workers(world)
+        if not timeline_path().empty():
+            timeline_start(world, timeline_path())
         self._groups["world"] = world
         self._initialized = True
 
@@ -99,11 +103,12 @@ cdef class Communicator:
         initialized (mpi4py finalizes it at exit, and other code may still
         use it). Call it on every rank; callbacks and reducers made before
         keep their group until they are dropped. A second call does
-        nothing.
+        nothing. A timeline being recorded is stopped first
+        (:meth:`stop_timeline`).
         """
         if self._finalized:
             return
-        self._world()
+        timeline_stop(self._world())
         self._groups = {}
         self._callback_states = {}
         self._ctx_params = []
@@ -216,6 +221,56 @@ cdef class Communicator:
         cdef _Group world = self._world()
         deref(world.core).abort(-1)
 
+    # -- timeline -----------------------------------------------------------
+
+    def start_timeline(self, path):
+        """Starts recording the job's timeline, as Horovod's
+        ``HOROVOD_TIMELINE`` does: a trace of what each rank's communication
+        does, for Perfetto (https://ui.perfetto.dev) or chrome://tracing.
+
+        One process per rank, one row per track: ``backward`` (each
+        iteration of :meth:`all_reduce_callback` or a
+        :meth:`gradient_reducer`), ``gradients`` (each made ready),
+        ``engine`` (each bucket packed, reduced and unpacked, and the
+        engine's rounds and waits), ``collectives`` (the list collectives,
+        with their bytes, dtype and group) and ``stalls`` (stall reports).
+        Each rank records into ``path.rank<r>`` on its own, a background
+        thread writing; :meth:`stop_timeline` merges the parts into
+        `path`. ``NNCOMM_TIMELINE=path`` starts it at :meth:`init`.
+
+        Collective over the world group: every rank calls it with the same
+        path; the ranks' clocks start together, after a barrier.
+
+        Args:
+            path (str): The file to write (its directory must exist); the
+                ranks' parts are written beside it.
+
+        Example:
+
+        .. code-block:: python
+
+            comm.start_timeline("timeline.json")
+            for i in range(10):
+                train_step()
+            comm.stop_timeline()   # timeline.json, all ranks
+        """
+        timeline_start(self._world(), path)
+
+    def stop_timeline(self):
+        """Stops the timeline and merges the ranks' parts into the file
+        given to :meth:`start_timeline` (rank 0 writes it, once every rank
+        has written its part). Collective over the world group. Without
+        it, the interpreter's exit stops the timeline: rank 0 then waits up
+        to 10 s for the other ranks' parts; where one is missing or cut
+        short, every part is kept for ``python -m nncomm.timeline merge``
+        (see :mod:`nncomm.timeline`).
+
+        Returns:
+            str: The timeline file's path, on every rank; None when no
+            timeline was being recorded.
+        """
+        return timeline_stop(self._world())
+
     # -- parameters ---------------------------------------------------------
 
     def add_context_and_parameters(self, ctx_param_dict):
@@ -309,9 +364,11 @@ cdef class Communicator:
             raise ValueError(f"group {name!r} lists a rank twice: {ranks}")
         group = _Group(ranks)
         cdef vector[int] cranks = ranks
+        cdef string cname = name.encode()
         cdef Status status
         with nogil:
-            status = deref(world.core).create_subgroup(cranks, &group.core)
+            status = deref(world.core).create_subgroup(cranks, cname,
+                                                       &group.core)
         CHKSTATUS(status)
         self._groups[name] = group
         return name

@@ -71,7 +71,7 @@ cdef extern from "nncomm/group.hpp" namespace "nncomm" nogil:
     cdef cppclass Group:
         @staticmethod
         Status Create(MPI_Comm comm, unique_ptr[Group]* out)
-        Status create_subgroup(const vector[int]& ranks,
+        Status create_subgroup(const vector[int]& ranks, const string& name,
                                unique_ptr[Group]* out)
         Status create_engine(size_t num_tensors, vector[Bucket] plan,
                              int poll_us, unique_ptr[Engine]* out)
@@ -134,6 +134,7 @@ cdef extern from "nncomm/config.hpp" namespace "nncomm::config" nogil:
     size_t direct_bytes()
     size_t chunk_bytes()
     const string& nccl_library()
+    const string& timeline_path()
     enum class CallChecks(int):
         kOff
         kNew
@@ -145,6 +146,14 @@ cdef extern from "nncomm/nccl_api.hpp" namespace "nncomm" nogil:
     cdef cppclass NcclApi:
         pass
     Status load_nccl(const string& path, const NcclApi** api)
+
+
+cdef extern from "nncomm/timeline.hpp" namespace "nncomm" nogil:
+    cdef cppclass Timeline:
+        @staticmethod
+        Status start(const string& path, int rank)
+        @staticmethod
+        Status stop()
 
 
 cdef extern from "nncomm/wait.hpp" namespace "nncomm" nogil:

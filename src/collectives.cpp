@@ -231,6 +231,25 @@ Status gather_through_buffer(ArrayMemory &memory, const Blocks &blocks,
 
 } // namespace
 
+CollectiveSpan::CollectiveSpan(const char *name, const std::string &group,
+                               const ArrayRef *sent, size_t count)
+    : span_(Track::kCollectives, name, count > 0) {
+  if (!span_.on())
+    return;
+  TimelineArgs &args = span_.args();
+  args.bytes = 0;
+  for (size_t i = 0; i < count; ++i) {
+    args.bytes += static_cast<int64_t>(sent[i].count *
+                                       dtype_size(sent[i].dtype));
+    if (sent[i].dtype != sent[0].dtype)
+      args.dtype = "mixed";
+  }
+  if (args.dtype == nullptr)
+    args.dtype = dtype_name(sent[0].dtype);
+  args.key = "group";
+  args.text = group;
+}
+
 Status all_reduce_list(Transport &transport, ArrayMemory &memory,
                        std::vector<ArrayRef> &arrays, bool division,
                        float scale, bool fuse, Materializer materialize) {

@@ -119,6 +119,7 @@ struct Settings {
   Setting<size_t> fail_allocation = bytes("NNCOMM_TEST_FAIL_ALLOCATION", 0);
   Setting<GpuTransport> gpu = gpu_choice("NNCOMM_GPU_TRANSPORT");
   Setting<std::string> nccl = text("NNCOMM_NCCL_LIBRARY");
+  Setting<std::string> timeline = text("NNCOMM_TIMELINE");
 };
 
 const Settings &settings() {
@@ -156,6 +157,7 @@ size_t test_fail_allocation_bytes() {
 }
 GpuTransport gpu_transport() { return settings().gpu.value; }
 const std::string &nccl_library() { return settings().nccl.value; }
+const std::string &timeline_path() { return settings().timeline.value; }
 
 } // namespace config
 } // namespace nncomm

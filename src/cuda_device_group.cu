@@ -142,10 +142,12 @@ Status DeviceGroup::create_engine(CudaStream compute, size_t num_tensors,
   return Status::Ok();
 }
 
-template <typename Collective>
-Status DeviceGroup::ordered(CudaStream compute, Collective collective) {
+template <typename Sent, typename Collective>
+Status DeviceGroup::ordered(CudaStream compute, const char *name,
+                            const Sent &sent, Collective collective) {
   CollectiveQueue::Turn turn(state_->queue);
   NNCOMM_RETURN_IF_ERROR(turn.status());
+  CollectiveSpan traced(name, state_->group.name(), sent);
   DeviceTransport &transport = *state_->transport;
   NNCOMM_RETURN_IF_ERROR(transport.follow(compute));
   NNCOMM_RETURN_IF_ERROR(collective(transport, *state_->memory));
@@ -156,7 +158,8 @@ Status DeviceGroup::all_reduce(CudaStream compute,
                                std::vector<ArrayRef> &arrays, bool division,
                                float scale, bool fuse,
                                Materializer materialize) {
-  return ordered(compute, [&](Transport &t, ArrayMemory &m) {
+  return ordered(compute, "all_reduce", arrays,
+                 [&](Transport &t, ArrayMemory &m) {
     return all_reduce_list(t, m, arrays, division, scale, fuse, materialize);
   });
 }
@@ -164,7 +167,7 @@ Status DeviceGroup::all_reduce(CudaStream compute,
 Status DeviceGroup::reduce(CudaStream compute,
                            const std::vector<ArrayRef> &arrays, int root,
                            bool division, bool fuse) {
-  return ordered(compute, [&](Transport &t, ArrayMemory &m) {
+  return ordered(compute, "reduce", arrays, [&](Transport &t, ArrayMemory &m) {
     return reduce_list(t, m, arrays, root, division, fuse);
   });
 }
@@ -172,14 +175,15 @@ Status DeviceGroup::reduce(CudaStream compute,
 Status DeviceGroup::bcast(CudaStream compute,
                           const std::vector<ArrayRef> &arrays, int root,
                           bool fuse) {
-  return ordered(compute, [&](Transport &t, ArrayMemory &m) {
+  return ordered(compute, "bcast", arrays, [&](Transport &t, ArrayMemory &m) {
     return bcast_list(t, m, arrays, root, fuse);
   });
 }
 
 Status DeviceGroup::all_gather(CudaStream compute, const ArrayRef &send,
                                const std::vector<ArrayRef> &recv) {
-  return ordered(compute, [&](Transport &t, ArrayMemory &m) {
+  return ordered(compute, "all_gather", send,
+                 [&](Transport &t, ArrayMemory &m) {
     return nncomm::all_gather(t, m, send, recv);
   });
 }
@@ -187,7 +191,8 @@ Status DeviceGroup::all_gather(CudaStream compute, const ArrayRef &send,
 Status DeviceGroup::all_gatherv(CudaStream compute, const ArrayRef &send,
                                 const std::vector<size_t> &counts,
                                 const std::vector<ArrayRef> &recv) {
-  return ordered(compute, [&](Transport &t, ArrayMemory &m) {
+  return ordered(compute, "all_gather", send,
+                 [&](Transport &t, ArrayMemory &m) {
     return nncomm::all_gatherv(t, m, send, counts, recv);
   });
 }
@@ -196,7 +201,7 @@ Status DeviceGroup::alltoall(CudaStream compute, const ArrayRef &send,
                              const std::vector<size_t> &send_counts,
                              const ArrayRef &recv,
                              const std::vector<size_t> &recv_counts) {
-  return ordered(compute, [&](Transport &t, ArrayMemory &) {
+  return ordered(compute, "alltoall", send, [&](Transport &t, ArrayMemory &) {
     return nncomm::alltoall(t, send, send_counts, recv, recv_counts);
   });
 }
@@ -204,7 +209,8 @@ Status DeviceGroup::alltoall(CudaStream compute, const ArrayRef &send,
 Status DeviceGroup::reduce_scatter(CudaStream compute,
                                    const std::vector<ArrayRef> &send,
                                    const ArrayRef &recv, bool division) {
-  return ordered(compute, [&](Transport &t, ArrayMemory &m) {
+  return ordered(compute, "reduce_scatter", send,
+                 [&](Transport &t, ArrayMemory &m) {
     return nncomm::reduce_scatter(t, m, send, recv, division);
   });
 }

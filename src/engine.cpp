@@ -10,6 +10,9 @@ namespace nncomm {
 
 namespace {
 
+// The next engine iteration's number, across the process's engines.
+std::atomic<int64_t> next_iteration{0};
+
 bool priorities_differ(const std::vector<Bucket> &plan) {
   for (const Bucket &b : plan) {
     if (b.priority != plan[0].priority)
@@ -95,6 +98,7 @@ Status Engine::begin(float scale, int divisor) {
   scale_ = scale;
   divisor_ = divisor;
   hurry_ = false;
+  iteration_ = next_iteration++;
   started_ = std::chrono::steady_clock::now();
   return Status::Ok();
 }
@@ -105,6 +109,12 @@ void Engine::mark_ready(size_t tensor, void *ptr, DType dtype) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!active_ || failed_here_)
       return;
+    if (Timeline::on()) {
+      TimelineArgs args;
+      args.iteration = iteration_;
+      args.tensor = static_cast<int64_t>(tensor);
+      Timeline::instant(Track::kGradients, nullptr, std::move(args));
+    }
     ptrs_[tensor] = ptr;
     dtypes_[tensor] = dtype;
     const size_t was_ready = ready_;
@@ -139,21 +149,38 @@ void Engine::fail(const std::string &message) {
 }
 
 Status Engine::finish() {
+  const Status status = end_backward();
+  if (Timeline::on()) {
+    TimelineArgs args;
+    args.iteration = iteration_;
+    Timeline::complete(Track::kBackward, "backward", started_,
+                       Timeline::Clock::now(), std::move(args));
+  }
+  return status;
+}
+
+Status Engine::end_backward() {
   hurry_ = true;
   std::unique_lock<std::mutex> lock(mutex_);
   closing_ = true;
   changed_.notify_all();
-  // The thread's own waits are bounded; this one also lets Ctrl-C through.
-  while (!changed_.wait_for(lock, std::chrono::milliseconds(100),
-                            [this] { return !active_; })) {
-    lock.unlock();
-    const bool stop = interrupted();
-    lock.lock();
-    if (stop) {
-      mark_broken("a wait was interrupted (all_reduce_callback)", false);
-      cancel_ = true;
-      changed_.wait(lock, [this] { return !active_; });
-      return Status::Interrupted();
+  {
+    TimelineSpan span(Track::kBackward, "wait_engine");
+    if (span.on())
+      span.args().iteration = iteration_;
+    // The thread's own waits are bounded; this one also lets Ctrl-C
+    // through.
+    while (!changed_.wait_for(lock, std::chrono::milliseconds(100),
+                              [this] { return !active_; })) {
+      lock.unlock();
+      const bool stop = interrupted();
+      lock.lock();
+      if (stop) {
+        mark_broken("a wait was interrupted (all_reduce_callback)", false);
+        cancel_ = true;
+        changed_.wait(lock, [this] { return !active_; });
+        return Status::Interrupted();
+      }
     }
   }
   // Whatever happened, the framework's later work must not overtake what
@@ -197,11 +224,18 @@ Engine::Step Engine::next_step() const {
 void Engine::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    Step step = Step::kWait;
-    changed_.wait(lock, [&] {
-      step = next_step();
-      return step != Step::kWait;
-    });
+    Step step = next_step();
+    if (step == Step::kWait) {
+      const bool tracing = Timeline::on();
+      const Timeline::Clock::time_point since =
+          tracing ? Timeline::Clock::now() : Timeline::Clock::time_point();
+      changed_.wait(lock, [&] {
+        step = next_step();
+        return step != Step::kWait;
+      });
+      if (tracing)
+        trace_wait(since);
+    }
     if (step == Step::kStop)
       return;
     if (step == Step::kRound) {
@@ -251,6 +285,29 @@ void Engine::run() {
   }
 }
 
+void Engine::trace_wait(Timeline::Clock::time_point since) const {
+  // Idle between iterations is no wait for backward; the part of a wait
+  // after begin() is.
+  if (!active_)
+    return;
+  TimelineArgs args;
+  args.iteration = iteration_;
+  Timeline::complete(Track::kEngine, "wait_gradients",
+                     std::max(since, started_), Timeline::Clock::now(),
+                     std::move(args));
+}
+
+void Engine::trace_bucket(TimelineSpan &span, size_t b) const {
+  if (!span.on())
+    return;
+  TimelineArgs &args = span.args();
+  args.iteration = iteration_;
+  args.bucket = static_cast<int64_t>(b);
+  args.bytes = static_cast<int64_t>(plan_[b].count *
+                                    dtype_size(plan_[b].dtype));
+  args.dtype = dtype_name(plan_[b].dtype);
+}
+
 void Engine::end_iteration(const Status &status) {
   if (!status.ok() && error_.ok())
     error_ = status;
@@ -274,6 +331,9 @@ Status Engine::agree_on_ready(std::unique_lock<std::mutex> &lock) {
   {
     OperationLabel label("all_reduce_callback: the round that agrees which "
                          "buckets are ready");
+    TimelineSpan span(Track::kEngine, "round");
+    if (span.on())
+      span.args().iteration = iteration_;
     status = transport_->host().allreduce(round_.data(), round_.size(),
                                           DType::kInt32, 1.0f, 1, &polling_);
   }
@@ -289,6 +349,9 @@ Status Engine::agree_on_ready(std::unique_lock<std::mutex> &lock) {
 }
 
 Status Engine::close_iteration(bool failed, bool *any_failed, double *seconds) {
+  TimelineSpan span(Track::kEngine, "close");
+  if (span.on())
+    span.args().iteration = iteration_;
   const auto elapsed = std::chrono::steady_clock::now() - started_;
   int64_t round[2] = {
       failed ? 1 : 0,
@@ -315,12 +378,23 @@ std::vector<size_t> Engine::launched() {
 Status Engine::reduce_bucket(size_t b, bool failed, Phase *reached) {
   *reached = Phase::kPreparing;
   WorkPtr work;
-  NNCOMM_RETURN_IF_ERROR(runner_->start(b, plan_[b],
-                                        TensorTable{ptrs_, dtypes_}, scale_,
-                                        divisor_, failed, &work));
+  {
+    TimelineSpan span(Track::kEngine, "pack");
+    trace_bucket(span, b);
+    NNCOMM_RETURN_IF_ERROR(runner_->start(b, plan_[b],
+                                          TensorTable{ptrs_, dtypes_}, scale_,
+                                          divisor_, failed, &work));
+  }
   *reached = Phase::kReducing;
-  NNCOMM_RETURN_IF_ERROR(wait_for(*work, transport_->rank() == 0, &polling_));
+  {
+    TimelineSpan span(Track::kEngine, "reduce");
+    trace_bucket(span, b);
+    NNCOMM_RETURN_IF_ERROR(
+        wait_for(*work, transport_->rank() == 0, &polling_));
+  }
   *reached = Phase::kWritingBack;
+  TimelineSpan span(Track::kEngine, "unpack");
+  trace_bucket(span, b);
   return runner_->finish();
 }
 

@@ -12,11 +12,12 @@ namespace nncomm {
 Status Group::Create(MPI_Comm comm, std::unique_ptr<Group> *out) {
   std::unique_ptr<MpiTransport> transport;
   NNCOMM_RETURN_IF_ERROR(MpiTransport::Create(comm, &transport));
-  out->reset(new Group(std::move(transport)));
+  out->reset(new Group(std::move(transport), "world"));
   return Status::Ok();
 }
 
 Status Group::create_subgroup(const std::vector<int> &ranks,
+                              const std::string &name,
                               std::unique_ptr<Group> *out) {
   NNCOMM_IN_TURN();
   // MPI_Comm_create_group has no nonblocking form: meeting every rank
@@ -28,7 +29,7 @@ Status Group::create_subgroup(const std::vector<int> &ranks,
   std::unique_ptr<MpiTransport> transport;
   NNCOMM_RETURN_IF_ERROR(
       MpiTransport::CreateGroup(*transport_, ranks, &transport));
-  out->reset(new Group(std::move(transport)));
+  out->reset(new Group(std::move(transport), name));
   return Status::Ok();
 }
 
@@ -67,6 +68,7 @@ Status Group::allgather(const void *send, void *recv, size_t count,
 Status Group::all_reduce(std::vector<ArrayRef> &arrays, bool division,
                          float scale, bool fuse, Materializer materialize) {
   NNCOMM_IN_TURN();
+  CollectiveSpan traced("all_reduce", name_, arrays);
   return all_reduce_list(*transport_, memory_, arrays, division, scale, fuse,
                          materialize);
 }
@@ -74,17 +76,20 @@ Status Group::all_reduce(std::vector<ArrayRef> &arrays, bool division,
 Status Group::reduce(const std::vector<ArrayRef> &arrays, int root,
                      bool division, bool fuse) {
   NNCOMM_IN_TURN();
+  CollectiveSpan traced("reduce", name_, arrays);
   return reduce_list(*transport_, memory_, arrays, root, division, fuse);
 }
 
 Status Group::bcast(const std::vector<ArrayRef> &arrays, int root, bool fuse) {
   NNCOMM_IN_TURN();
+  CollectiveSpan traced("bcast", name_, arrays);
   return bcast_list(*transport_, memory_, arrays, root, fuse);
 }
 
 Status Group::all_gather(const ArrayRef &send,
                          const std::vector<ArrayRef> &recv) {
   NNCOMM_IN_TURN();
+  CollectiveSpan traced("all_gather", name_, send);
   return nncomm::all_gather(*transport_, memory_, send, recv);
 }
 
@@ -92,6 +97,7 @@ Status Group::all_gatherv(const ArrayRef &send,
                           const std::vector<size_t> &counts,
                           const std::vector<ArrayRef> &recv) {
   NNCOMM_IN_TURN();
+  CollectiveSpan traced("all_gather", name_, send);
   return nncomm::all_gatherv(*transport_, memory_, send, counts, recv);
 }
 
@@ -100,12 +106,14 @@ Status Group::alltoall(const ArrayRef &send,
                        const ArrayRef &recv,
                        const std::vector<size_t> &recv_counts) {
   NNCOMM_IN_TURN();
+  CollectiveSpan traced("alltoall", name_, send);
   return nncomm::alltoall(*transport_, send, send_counts, recv, recv_counts);
 }
 
 Status Group::reduce_scatter(const std::vector<ArrayRef> &send,
                              const ArrayRef &recv, bool division) {
   NNCOMM_IN_TURN();
+  CollectiveSpan traced("reduce_scatter", name_, send);
   return nncomm::reduce_scatter(*transport_, memory_, send, recv, division);
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "nncomm/config.hpp"
+#include "nncomm/timeline.hpp"
 
 namespace nncomm {
 
@@ -28,6 +29,16 @@ constexpr int kSpinTests = 64;
 // How long a wait lasts before it tells the other ranks it is here
 // (Work::inspect); late enough that a healthy job never does.
 constexpr double kInspectAfterSeconds = 1.0;
+
+// Puts a stall report on the timeline's stalls track.
+void trace_stall(const char *name, const std::string &message) {
+  if (!Timeline::on())
+    return;
+  TimelineArgs args;
+  args.key = "message";
+  args.text = message;
+  Timeline::instant(Track::kStalls, name, std::move(args));
+}
 
 void abort_job() {
   void (*abort)(const char *) = job_abort.load();
@@ -130,15 +141,19 @@ Status wait_for(Work &work, bool warn, const Polling *polling) {
                     << " never arrived (stopped, dead or in another call?)";
           else
             message << "not every rank arrived";
+          trace_stall("timeout", message.str());
           mark_broken(message.str(), true);
           return Status::Communicator(message.str());
         }
         next_warning = now + std::chrono::duration_cast<clock::duration>(
                                  std::chrono::duration<double>(stall));
-        std::fprintf(stderr,
-                     "nncomm: stalled for %.0f s in %s: waiting for world "
-                     "ranks %s\n",
-                     waited, what.c_str(), rank_list(seen.missing).c_str());
+        char stalled[64];
+        std::snprintf(stalled, sizeof stalled, "stalled for %.0f s in ",
+                      waited);
+        const std::string message = stalled + what + ": waiting for world " +
+                                    "ranks " + rank_list(seen.missing);
+        trace_stall("stall", message);
+        std::fprintf(stderr, "nncomm: %s\n", message.c_str());
         std::fflush(stderr);
       }
     }

@@ -36,7 +36,8 @@ COMMON = [EMULATION + "fake_cudart.cpp", "src/cuda_staged_transport.cu",
           EMULATION + "fake_nccl.cpp", "src/nccl_api.cpp",
           "src/mpi_transport.cpp",
           "src/stall_inspector.cpp", "src/transport.cpp", "src/wait.cpp",
-          "src/config.cpp", "src/host_ops.cpp", "src/host_memory.cpp"]
+          "src/config.cpp", "src/host_ops.cpp", "src/host_memory.cpp",
+          "src/timeline.cpp"]
 
 
 # The list collectives' arrays of 4 KiB or more go direct, the others fused.

@@ -4,11 +4,15 @@ Each worker runs hundreds to thousands of checks in one launch (importing
 nnabla costs about a second per launch) and fails with the list of every
 mismatch, rank by rank.
 """
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 
 from launcher import RANK_COUNTS, run_job, run_worker
+from nncomm.timeline import is_complete, load, part_path
 
 WORKERS = ["basics", "all_reduce", "rooted", "gather_scatter", "zeroing",
            "parameters", "errors", "alltoall_gatherv"]
@@ -243,3 +247,41 @@ def test_quantized(n):
     # quantized compression, bit for bit against numpy and nnabla in one
     # process; misuse raising on every rank.
     run_worker("quantized", n, timeout=120)
+
+
+# -- the timeline (NNCOMM_TIMELINE, start_timeline / stop_timeline) ---------
+
+@pytest.mark.parametrize("n", (1, 2, 4))
+def test_timeline_records_training_and_collectives(n, tmp_path):
+    # NNCOMM_STALL_WARNING=1: the worker's late collective is reported.
+    run_worker("timeline", n, ["record", tmp_path],
+               env={"NNCOMM_STALL_WARNING": "1"})
+
+
+@pytest.mark.parametrize("n", (1, 2))
+def test_timeline_from_the_environment_is_merged_at_exit(n, tmp_path):
+    path = tmp_path / "env.json"
+    run_worker("timeline", n, ["env", tmp_path],
+               env={"NNCOMM_TIMELINE": str(path)})
+    assert sorted(os.listdir(tmp_path)) == ["env.json"]
+    run_worker("timeline", 1, ["check", path, n])
+
+
+def test_timeline_off_writes_nothing(tmp_path):
+    run_worker("timeline", 2, ["off", tmp_path])
+
+
+def test_timeline_of_a_job_that_died_merges_by_hand(tmp_path):
+    run_job("timeline", 2, ["die", tmp_path])
+    path = str(tmp_path / "died.json")
+    parts = [part_path(path, r) for r in range(2)]
+    assert all(os.path.exists(p) and not is_complete(p) for p in parts)
+    out = subprocess.run([sys.executable, "-m", "nncomm.timeline", "merge",
+                          path, *parts], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("was incomplete") == 2, out.stdout
+    events = load(path)
+    for rank in range(2):
+        names = {e["name"] for e in events if e["pid"] == rank}
+        assert {"backward", "pack", "reduce", "unpack"} <= names, names

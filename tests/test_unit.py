@@ -1,9 +1,9 @@
 """The C++ unit tests (tests/unit/): the engine, the bucket runner on host memory, the
-list collectives, the launch tuner and the waits, on an in-process fake
-transport, without MPI. The program is built once per session from
-tests/unit/ and the core's MPI-free sources; each C++ test runs in a
-process of its own, under the settings it is about where it has some
-(settings are read once per process)."""
+list collectives, the launch tuner, the waits and the timeline, on an
+in-process fake transport, without MPI. The program is built once per
+session from tests/unit/ and the core's MPI-free sources; each C++ test
+runs in a process of its own, under the settings it is about where it has
+some (settings are read once per process)."""
 import concurrent.futures
 import glob
 import os
@@ -20,7 +20,7 @@ CORE = ["src/engine.cpp", "src/bucket_runner.cpp", "src/host_arrays.cpp",
         "src/transport.cpp", "src/wait.cpp", "src/config.cpp",
         "src/bucket_plan.cpp", "src/pack.cpp", "src/host_ops.cpp",
         "src/fusion_buffer.cpp", "src/launch_tuner.cpp",
-        "src/host_memory.cpp", "src/collectives.cpp"]
+        "src/host_memory.cpp", "src/collectives.cpp", "src/timeline.cpp"]
 # -march=native: the vector float16 kernels are built where the processor
 # has F16C, as setup.py builds the modules.
 FLAGS = ["-std=c++17", "-O1", "-g", "-march=native", "-Iinclude",

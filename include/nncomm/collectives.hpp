@@ -16,11 +16,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "nncomm/array_memory.hpp"
 #include "nncomm/dtype.hpp"
 #include "nncomm/status.hpp"
+#include "nncomm/timeline.hpp"
 #include "nncomm/transport.hpp"
 
 namespace nncomm {
@@ -41,6 +43,26 @@ struct ArrayRef {
 struct Materializer {
   void *(*fn)(void *context, size_t index);
   void *context;
+};
+
+// A list collective on the timeline's collectives track (timeline.hpp),
+// over its scope: named `name`, with the bytes this rank sends in `sent`,
+// their dtype ("mixed" where they differ) and its group's name. A call on
+// no arrays (the callback's closing all_reduce of the gradients backward
+// did not reach, usually none) is left off.
+class CollectiveSpan {
+public:
+  CollectiveSpan(const char *name, const std::string &group,
+                 const std::vector<ArrayRef> &sent)
+      : CollectiveSpan(name, group, sent.data(), sent.size()) {}
+  CollectiveSpan(const char *name, const std::string &group,
+                 const ArrayRef &sent)
+      : CollectiveSpan(name, group, &sent, 1) {}
+
+private:
+  CollectiveSpan(const char *name, const std::string &group,
+                 const ArrayRef *sent, size_t count);
+  TimelineSpan span_;
 };
 
 // Sums each array, times `scale`, over the transport's ranks (divided by

@@ -71,6 +71,11 @@ GpuTransport gpu_transport();
 // "libnccl.so.2" as the dynamic loader finds it. NNCOMM_NCCL_LIBRARY.
 const std::string &nccl_library();
 
+// Where the timeline is written from the communicator's init() on (the
+// binding starts it: timeline.hpp); "" (the default): no timeline.
+// NNCOMM_TIMELINE.
+const std::string &timeline_path();
+
 // For tests of local failures: staging and fusion buffers of this many
 // bytes or more fail to allocate; 0 (the default): never.
 // NNCOMM_TEST_FAIL_ALLOCATION.

@@ -68,9 +68,11 @@ private:
   struct State;
   explicit DeviceGroup(std::unique_ptr<State> state);
   // Runs `collective` in the group's turn, after `compute`'s work so far
-  // and before its later work.
-  template <typename Collective>
-  Status ordered(CudaStream compute, Collective collective);
+  // and before its later work; on the timeline, as collective `name`
+  // sending `sent` (collectives.hpp: CollectiveSpan).
+  template <typename Sent, typename Collective>
+  Status ordered(CudaStream compute, const char *name, const Sent &sent,
+                 Collective collective);
 
   const std::unique_ptr<State> state_;
 };

@@ -27,6 +27,19 @@ inline size_t dtype_size(DType dt) {
   return 0;
 }
 
+// numpy's name of the dtype.
+inline const char *dtype_name(DType dt) {
+  switch (dt) {
+  case DType::kFloat32: return "float32";
+  case DType::kFloat64: return "float64";
+  case DType::kFloat16: return "float16";
+  case DType::kInt32: return "int32";
+  case DType::kInt64: return "int64";
+  case DType::kBFloat16: return "bfloat16";
+  }
+  return "unknown";
+}
+
 inline bool dtype_is_floating(DType dt) {
   return dt == DType::kFloat32 || dt == DType::kFloat64 ||
          dt == DType::kFloat16 || dt == DType::kBFloat16;

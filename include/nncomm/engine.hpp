@@ -43,6 +43,16 @@
 // called, the ranks sum a failure flag and the iteration's time, so every
 // rank learns whether some rank failed before it finished, and every
 // rank's tuner sees the same times.
+//
+// While the timeline is on (timeline.hpp), the engine records each
+// iteration from begin() to the return of finish() ("backward", with
+// finish()'s wait for the thread, "wait_engine"), each gradient made ready,
+// and on the thread's own track each bucket's "pack" (packing, and posting
+// the reduction), "reduce" (waiting for it) and "unpack" (writing it
+// back), the rounds of priority order ("round"), the closing round
+// ("close") and the thread's waits for backward within an iteration
+// ("wait_gradients"). Iterations are numbered across the process's
+// engines, so that each number is one engine's iteration.
 #pragma once
 
 #include <atomic>
@@ -60,6 +70,7 @@
 #include "nncomm/bucket_runner.hpp"
 #include "nncomm/launch_tuner.hpp"
 #include "nncomm/status.hpp"
+#include "nncomm/timeline.hpp"
 #include "nncomm/transport.hpp"
 #include "nncomm/wait.hpp"
 
@@ -109,6 +120,13 @@ private:
   // Called holding mutex_.
   Step next_step() const;
   void run();
+  // finish() but for the timeline.
+  Status end_backward();
+  // The thread waited from `since` (the timeline being on): recorded when
+  // an iteration was under way. Called holding mutex_.
+  void trace_wait(Timeline::Clock::time_point since) const;
+  // Fills in `span`'s args for bucket `b`, when the timeline is on.
+  void trace_bucket(TimelineSpan &span, size_t b) const;
   // How far a bucket got: a failure while preparing it is this rank's
   // alone and the bucket can still go out (as zeros); one while it is
   // reduced is the transport's or the ranks' (they make different calls),
@@ -159,6 +177,7 @@ private:
   // iteration's closing round is recorded.
   LaunchTuner tuner_;
   std::chrono::steady_clock::time_point started_;
+  int64_t iteration_ = -1; // the process-wide number of the latest begin()
   bool active_ = false;  // an iteration is under way
   bool closing_ = false; // finish() was called: the closing round may go
   bool stop_ = false;

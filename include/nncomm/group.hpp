@@ -2,11 +2,14 @@
 // host memory its list collectives pack in, and the queue that orders
 // its collectives (collective_queue.hpp). The binding makes every
 // collective on a group through here, each in its turn, so collectives
-// from several threads never interleave on the transport.
+// from several threads never interleave on the transport. Its list
+// collectives are recorded on the timeline under their names
+// (timeline.hpp), with the group's name.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <mpi.h>
@@ -22,12 +25,14 @@ namespace nncomm {
 
 class Group {
 public:
-  // A group of every rank of `comm`. Collective over `comm`.
+  // A group of every rank of `comm`, named "world". Collective over
+  // `comm`.
   static Status Create(MPI_Comm comm, std::unique_ptr<Group> *out);
-  // A group of this group's ranks `ranks`, numbered in that order. Every
-  // rank of this group calls it; `*out` stays empty where this rank is not
-  // in `ranks`.
+  // A group named `name` of this group's ranks `ranks`, numbered in that
+  // order. Every rank of this group calls it; `*out` stays empty where
+  // this rank is not in `ranks`.
   Status create_subgroup(const std::vector<int> &ranks,
+                         const std::string &name,
                          std::unique_ptr<Group> *out);
   // A transport of its own over this group's ranks, for an engine thread
   // whose collectives must not interleave with the group's. Collective.
@@ -38,6 +43,7 @@ public:
   Status create_engine(size_t num_tensors, std::vector<Bucket> plan,
                        int poll_us, std::unique_ptr<Engine> *out);
 
+  const std::string &name() const { return name_; }
   int rank() const { return transport_->rank(); }
   int size() const { return transport_->size(); }
   int local_rank() const { return transport_->local_rank(); }
@@ -64,10 +70,11 @@ public:
                         const ArrayRef &recv, bool division);
 
 private:
-  explicit Group(std::unique_ptr<MpiTransport> transport)
-      : transport_(std::move(transport)) {}
+  Group(std::unique_ptr<MpiTransport> transport, std::string name)
+      : transport_(std::move(transport)), name_(std::move(name)) {}
 
   const std::unique_ptr<MpiTransport> transport_;
+  const std::string name_;
   HostArrays memory_;
   CollectiveQueue queue_;
 };

@@ -48,15 +48,7 @@ inline void fail(const char *file, int line, const std::string &what) {
 }
 
 inline std::string show(nncomm::DType dtype) {
-  switch (dtype) {
-  case nncomm::DType::kFloat32: return "float32";
-  case nncomm::DType::kFloat64: return "float64";
-  case nncomm::DType::kFloat16: return "float16";
-  case nncomm::DType::kInt32: return "int32";
-  case nncomm::DType::kInt64: return "int64";
-  case nncomm::DType::kBFloat16: return "bfloat16";
-  }
-  return "dtype " + std::to_string(static_cast<int>(dtype));
+  return nncomm::dtype_name(dtype);
 }
 
 inline std::string show(const nncomm::Status &status) {
