@@ -49,7 +49,8 @@ DTYPES = ("float32", "float16")
 SCHEDULES = {"fb": "no communication", "comm": "all-reduce alone",
              "seq": "no overlap", "cb": "callback",
              "cb_new": "new callback\neach step",
-             "cb_fwd": "callback,\npriority forward"}
+             "cb_fwd": "callback,\npriority forward",
+             "cb_tl": "callback,\ntimeline on"}
 TRACKS = ("backward", "gradients", "engine", "collectives")
 TIMED = ("X", "i", "I")           # span and instant events
 EVENT_COLOURS = {"backward": "tab:blue", "pack": "tab:orange",
@@ -219,7 +220,8 @@ def draw_breakdown(args):
                   fontsize=8)
     ax.set_ylabel("ms per step")
     ax.margins(y=0.12)
-    ax.legend()
+    # Outside the axes: inside, it covered the tallest bars' labels.
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
     ranks = sorted({r["ranks"] for r in rows})
     fig.suptitle(f"A step's breakdown, "
                  f"{'/'.join(map(str, ranks))} ranks")
