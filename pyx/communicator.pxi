@@ -211,10 +211,7 @@ cdef class Communicator:
         """Blocks until every process of the world group has called it."""
         cdef _Group world = self._world()
         close_stopped_backwards("a barrier")
-        cdef Status status
-        with nogil:
-            status = deref(world.core).barrier()
-        CHKSTATUS(status)
+        world.barrier()
 
     def abort(self):
         """Terminates every process of the MPI job."""

@@ -94,13 +94,7 @@ cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
         prioritize(priorities, &plan)
     # Every rank must run the same plan, or their calls would not match:
     # one small all-reduce, once per new plan.
-    cdef cpp_bool same = False
-    cdef Status status
-    cdef uint64_t value = plan_fingerprint(plan)
-    with nogil:
-        status = deref(group.core).agree(value, &same)
-    CHKSTATUS(status)
-    if not same:
+    if not group.same_everywhere(plan_fingerprint(plan)):
         raise ValueError(
             "the ranks of this group disagree on the gradients to reduce "
             "(their number, sizes, dtypes or priorities, or which of them "
@@ -118,6 +112,7 @@ cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
     cdef int poll_us = engine_poll_us()
     cdef DeviceGroup* devices = NULL
     cdef CudaStream stream = NULL
+    cdef Status status
     if device is not None:
         devices = group.devices(device.first())
         stream = device.stream
@@ -132,10 +127,7 @@ cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
     # Every rank must know whether every rank has its buffer, or one
     # that failed alone would leave the others waiting for its buckets.
     cdef Status prepared = engine.engine.get().prepare()
-    cdef cpp_bool all_prepared = False
-    with nogil:
-        status = deref(group.core).agree(prepared.ok(), &all_prepared)
-    CHKSTATUS(status)
+    all_prepared = group.same_everywhere(prepared.ok())
     CHKSTATUS(prepared)
     if not (all_prepared and prepared.ok()):
         raise MemoryError("another rank of the group could not allocate "

@@ -22,3 +22,20 @@ cdef class _Group:
                                             &self.device)
             CHKSTATUS(status)
         return self.device.get()
+
+    cdef bint same_everywhere(self, uint64_t value) except -1:
+        """Whether every rank of the group passed the same `value` (one
+        small all-reduce). Collective."""
+        cdef cpp_bool same = False
+        cdef Status status
+        with nogil:
+            status = deref(self.core).agree(value, &same)
+        CHKSTATUS(status)
+        return same
+
+    cdef int barrier(self) except -1:
+        """Blocks until every rank of the group has called it."""
+        cdef Status status
+        with nogil:
+            status = deref(self.core).barrier()
+        return CHKSTATUS(status)

@@ -18,25 +18,8 @@ cdef object _recording = None
 cdef bint _exit_hooked = False
 
 
-cdef bint _same_everywhere(_Group world, uint64_t value) except -1:
-    """Whether every rank of `world` passed the same `value`."""
-    cdef cpp_bool same = False
-    cdef Status status
-    with nogil:
-        status = deref(world.core).agree(value, &same)
-    CHKSTATUS(status)
-    return same
-
-
-cdef int _barrier(_Group world) except -1:
-    cdef Status status
-    with nogil:
-        status = deref(world.core).barrier()
-    return CHKSTATUS(status)
-
-
 cdef int _check_recording_alike(_Group world) except -1:
-    if not _same_everywhere(world, _recording is not None):
+    if not world.same_everywhere(_recording is not None):
         raise RuntimeError("a timeline is being recorded on some ranks "
                            "only; start and stop it on every rank")
     return 0
@@ -51,7 +34,7 @@ cdef int timeline_start(_Group world, path) except -1:
         raise RuntimeError(f"a timeline is already being recorded, to "
                            f"{_recording[0]}; call stop_timeline() first")
     digest = hashlib.sha256(os.fsencode(path)).digest()
-    if not _same_everywhere(world, int.from_bytes(digest[:8], "little")):
+    if not world.same_everywhere(int.from_bytes(digest[:8], "little")):
         raise ValueError(f"start_timeline: the ranks name different files "
                          f"(this one {path!r}); every rank must pass the "
                          f"same path")
@@ -59,10 +42,10 @@ cdef int timeline_start(_Group world, path) except -1:
     cdef string part = os.fsencode(timeline_files.part_path(path, rank))
     cdef Status status
     # Times count from here on every rank alike.
-    _barrier(world)
+    world.barrier()
     with nogil:
         status = Timeline.start(part, rank)
-    if not _same_everywhere(world, status.ok()) or not status.ok():
+    if not world.same_everywhere(status.ok()) or not status.ok():
         if status.ok():
             with nogil:
                 Timeline.stop()
@@ -89,14 +72,14 @@ cdef object timeline_stop(_Group world):
     cdef Status stopped
     with nogil:
         stopped = Timeline.stop()
-    _barrier(world)  # every part is complete
+    world.barrier()  # every part is complete
     failure = None
     if rank == 0:
         try:
             timeline_files.merge_parts(path, size)
         except OSError as e:
             failure = e  # raised once the other ranks are released
-    _barrier(world)
+    world.barrier()
     if failure is not None:
         raise failure
     CHKSTATUS(stopped)
