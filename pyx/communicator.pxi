@@ -8,7 +8,7 @@ except ImportError:
 
 import collections
 
-from nncomm import cuda_context, packing
+from nncomm import cuda_context, nccl_wheels, packing
 
 WorkerDescriptor = collections.namedtuple(
     "WorkerDescriptor", ["global_rank", "host_id"], module="nncomm")
@@ -988,6 +988,11 @@ def _gpu_capable():
         return packing.device_count() > 0
     except RuntimeError:
         return False
+
+
+# The NCCL loader's search goes on to the nvidia-nccl wheels' copies; named
+# before anything loads NCCL (a GPU group's first collective, or below).
+add_nccl_candidates([f.encode() for f in nccl_wheels.libraries()])
 
 
 def _nccl_capable():

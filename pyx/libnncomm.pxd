@@ -146,6 +146,7 @@ cdef extern from "nncomm/nccl_api.hpp" namespace "nncomm" nogil:
     cdef cppclass NcclApi:
         pass
     Status load_nccl(const string& path, const NcclApi** api)
+    void add_nccl_candidates(const vector[string]& files)
 
 
 cdef extern from "nncomm/timeline.hpp" namespace "nncomm" nogil:

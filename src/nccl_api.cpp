@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <mutex>
+#include <vector>
 
 namespace nncomm {
 
@@ -13,12 +14,37 @@ template <typename Fn> bool bind(void *library, const char *name, Fn *fn) {
   return *fn != nullptr;
 }
 
+// Guards the candidates and the loaded table.
+std::mutex loader;
+
+// Files tried after "libnccl.so.2" when no path is given.
+std::vector<std::string> candidates;
+
+// The first of `names` that the dynamic loader opens, its name in `*name`;
+// null with every loader message in `*errors` if none.
+void *open_first(const std::vector<std::string> &names, std::string *name,
+                 std::string *errors) {
+  for (const std::string &n : names) {
+    if (void *library = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+      *name = n;
+      return library;
+    }
+    *errors += (errors->empty() ? "" : "; ") + std::string(dlerror());
+  }
+  return nullptr;
+}
+
 Status load(const std::string &path, NcclApi *api) {
-  const std::string name = path.empty() ? "libnccl.so.2" : path;
-  void *library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+  std::vector<std::string> names{path};
+  if (path.empty()) {
+    names = {"libnccl.so.2"};
+    names.insert(names.end(), candidates.begin(), candidates.end());
+  }
+  std::string name, errors;
+  void *library = open_first(names, &name, &errors);
   if (library == nullptr) {
     return Status::RuntimeError(
-        "NCCL could not be loaded (" + std::string(dlerror()) +
+        "NCCL could not be loaded (" + errors +
         "); install it (pip install nvidia-nccl-cu12 or nvidia-nccl-cu13) or "
         "use NNCOMM_GPU_TRANSPORT=mpi");
   }
@@ -68,12 +94,16 @@ Status load(const std::string &path, NcclApi *api) {
 
 } // namespace
 
+void add_nccl_candidates(const std::vector<std::string> &files) {
+  std::lock_guard<std::mutex> lock(loader);
+  candidates.insert(candidates.end(), files.begin(), files.end());
+}
+
 Status load_nccl(const std::string &path, const NcclApi **api) {
-  static std::mutex mutex;
   static NcclApi loaded;
   static std::string loaded_path;
   static bool ok = false;
-  std::lock_guard<std::mutex> lock(mutex);
+  std::lock_guard<std::mutex> lock(loader);
   if (ok && path != loaded_path) {
     return Status::RuntimeError("NCCL was loaded from '" + loaded_path +
                                 "' already; cannot load '" + path + "' too");

@@ -2,8 +2,10 @@
 missing symbol and a too old version are refused with messages that say
 what to install; a good one loads, once per process. Stand-in libraries
 (tests/nccl_loading/fake_libnccl.cpp) play NCCL; no GPU or NCCL needed."""
+import ctypes.util
 import os
 import shutil
+import sys
 import subprocess
 
 import pytest
@@ -32,13 +34,20 @@ def built(tmp_path_factory):
     return out
 
 
-def load(built, *names):
-    paths = [str(built / f"{n}.so") if n != "missing" else
-             str(built / "no_such_libnccl.so") for n in names]
-    run = subprocess.run([str(built / "try_load"), *paths],
+def library(built, name):
+    return str(built / (f"{name}.so" if name != "missing" else
+                        "no_such_libnccl.so"))
+
+
+def try_load(built, *args):
+    run = subprocess.run([str(built / "try_load"), *args],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     return run.stdout.splitlines()
+
+
+def load(built, *names):
+    return try_load(built, *(library(built, n) for n in names))
 
 
 def test_missing_library_says_what_to_install(built):
@@ -66,3 +75,38 @@ def test_good_library_loads_once(built):
     assert "could not be loaded" in first
     assert second == "loaded"
     assert "loaded from" in third and "cannot load" in third, third
+
+
+@pytest.mark.skipif(ctypes.util.find_library("nccl") is not None,
+                    reason="the dynamic loader finds a system NCCL first")
+def test_default_search_goes_on_to_the_candidates(built):
+    # Where the loader finds no libnccl.so.2, the wheels' copies are tried
+    # in order, and a failure names every place tried.
+    missing, good = library(built, "missing"), library(built, "good")
+    first, second = try_load(built, "--candidate", missing, "-",
+                             "--candidate", good, "-")
+    assert "libnccl.so.2" in first and missing in first, first
+    assert "pip install nvidia-nccl-cu12" in first
+    assert second == "loaded"
+
+
+def test_the_wheels_copies_are_found_on_the_import_path(tmp_path):
+    # As pip lays out nvidia-nccl-cu12/-cu13 in two site directories (a
+    # venv's and the system's); a directory without it is passed over.
+    sites = [tmp_path / "venv", tmp_path / "system", tmp_path / "empty"]
+    for site in sites[:2]:
+        lib = site / "nvidia" / "nccl" / "lib"
+        lib.mkdir(parents=True)
+        (lib / "libnccl.so.2").write_bytes(b"")
+    sites[2].mkdir()
+    code = ("import sys; from nncomm import nccl_wheels; "
+            "print('\\n'.join(nccl_wheels.libraries()))")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(sites[2]), str(sites[0]), os.path.join(REPO, "python"),
+         str(sites[1]), str(sites[0])]))
+    run = subprocess.run([sys.executable, "-c", code], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [
+        str(s / "nvidia" / "nccl" / "lib" / "libnccl.so.2")
+        for s in sites[:2]]

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "nncomm/cuda_pack.hpp"
 #include "nncomm/status.hpp"
@@ -67,9 +68,14 @@ struct NcclApi {
 };
 
 // The NCCL at `path` (empty: "libnccl.so.2" as the dynamic loader finds
-// it), loaded once per process; fails naming what was missing (the
-// library, a symbol, or a version older than 2.11, which lacks the
-// pre-multiplied sum that scales while reducing).
+// it, else the first candidate that opens), loaded once per process; fails
+// naming what was missing (the library, a symbol, or a version older than
+// 2.11, which lacks the pre-multiplied sum that scales while reducing).
 Status load_nccl(const std::string &path, const NcclApi **api);
+
+// More files for load_nccl("") to try, in order, after "libnccl.so.2": the
+// nvidia-nccl-cu12/-cu13 wheels put NCCL in site-packages, where the
+// dynamic loader does not look (nncomm's Python side names their copies).
+void add_nccl_candidates(const std::vector<std::string> &files);
 
 } // namespace nncomm
