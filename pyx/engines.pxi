@@ -116,6 +116,9 @@ cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
     if device is not None:
         devices = group.devices(device.first())
         stream = device.stream
+        with nogil:
+            status = devices.check_device(device.refs)
+        CHKSTATUS(status)
     with nogil:
         if devices == NULL:
             status = deref(group.core).create_engine(count, plan, poll_us,

@@ -21,6 +21,9 @@ cdef class _Group:
                 status = DeviceGroup.Create(deref(self.core), ptr,
                                             &self.device)
             CHKSTATUS(status)
+            advice = self.device.get().advice().decode()
+            if advice:
+                warnings.warn(advice, RuntimeWarning, stacklevel=3)
         return self.device.get()
 
     cdef bint same_everywhere(self, uint64_t value) except -1:

@@ -105,6 +105,8 @@ cdef extern from "nncomm/device_group.hpp" namespace "nncomm" nogil:
         Status Create(Group& group, const void* on,
                       unique_ptr[DeviceGroup]* out)
         const char* transport_name()
+        const string& advice()
+        Status check_device(const vector[ArrayRef]& arrays)
         Status create_engine(CudaStream compute, size_t num_tensors,
                              vector[Bucket] plan, int poll_us,
                              unique_ptr[Engine]* out)

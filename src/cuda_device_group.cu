@@ -33,12 +33,21 @@ Status device_identity(uint64_t *identity) {
   return Status::Ok();
 }
 
+// `one` followed by `more`.
+std::vector<ArrayRef> joined(const ArrayRef &one,
+                             const std::vector<ArrayRef> &more) {
+  std::vector<ArrayRef> all{one};
+  all.insert(all.end(), more.begin(), more.end());
+  return all;
+}
+
 } // namespace
 
 struct DeviceGroup::State {
   Group &group;
   const NcclApi *nccl; // the group's transport is NCCL's; null: staged MPI
   int device;
+  std::string advice;
   CollectiveQueue queue;
   std::unique_ptr<DeviceTransport> transport;
   std::unique_ptr<DeviceArrays> memory; // on transport
@@ -69,6 +78,24 @@ DeviceGroup::~DeviceGroup() = default;
 
 const char *DeviceGroup::transport_name() const {
   return state_->nccl != nullptr ? "nccl" : "mpi";
+}
+
+const std::string &DeviceGroup::advice() const { return state_->advice; }
+
+Status DeviceGroup::check_device(const std::vector<ArrayRef> &arrays) const {
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    int device = 0;
+    NNCOMM_RETURN_IF_ERROR(cuda_device_of(arrays[i].ptr, &device));
+    if (device != state_->device) {
+      return Status::InvalidArgument(
+          "GPU array " + std::to_string(i) + " of the call is on CUDA "
+          "device " + std::to_string(device) + ", but this group "
+          "communicates on device " + std::to_string(state_->device) +
+          " (where its first GPU collective was); a group's GPU arrays "
+          "must all be on one device");
+    }
+  }
+  return Status::Ok();
 }
 
 Status DeviceGroup::Create(Group &group, const void *on,
@@ -106,6 +133,14 @@ Status DeviceGroup::Create(Group &group, const void *on,
                                 " have no CUDA device to communicate on");
   }
   const bool shared = static_cast<int>(devices.size()) < size;
+  std::vector<int> sharing;
+  for (int r = 0; r < size; ++r) {
+    int same = 0;
+    for (int q = 0; q < size; ++q)
+      same += all[3 * q] == all[3 * r];
+    if (same > 1)
+      sharing.push_back(r);
+  }
   if (choice == config::GpuTransport::kNccl &&
       (shared || !without_nccl.empty())) {
     if (!loaded.ok())
@@ -116,10 +151,21 @@ Status DeviceGroup::Create(Group &group, const void *on,
                : "NNCOMM_GPU_TRANSPORT=nccl, but NCCL could not be loaded "
                  "on group ranks " + rank_list(without_nccl));
   }
-  int device = 0;
+  int device = 0, visible = 0;
   NNCOMM_CUDA_CALL(cudaGetDevice, &device);
-  std::unique_ptr<State> state(new State{
-      group, !shared && without_nccl.empty() ? api : nullptr, device});
+  NNCOMM_CUDA_CALL(cudaGetDeviceCount, &visible);
+  // The usual cause: every rank's context left on device 0.
+  std::string advice;
+  if (shared && visible > 1) {
+    advice = "group ranks " + rank_list(sharing) + " share a GPU while " +
+             "this host has " + std::to_string(visible) + ", so they " +
+             "communicate through host memory (no NCCL); give each rank " +
+             "its own, as nnabla's examples do with ctx.device_id = " +
+             "str(comm.local_rank)";
+  }
+  std::unique_ptr<State> state(
+      new State{group, !shared && without_nccl.empty() ? api : nullptr,
+                device, std::move(advice)});
   NNCOMM_RETURN_IF_ERROR(
       state->transport_over(std::move(host), &state->transport));
   NNCOMM_RETURN_IF_ERROR(
@@ -144,7 +190,10 @@ Status DeviceGroup::create_engine(CudaStream compute, size_t num_tensors,
 
 template <typename Sent, typename Collective>
 Status DeviceGroup::ordered(CudaStream compute, const char *name,
-                            const Sent &sent, Collective collective) {
+                            const Sent &sent,
+                            const std::vector<ArrayRef> &arrays,
+                            Collective collective) {
+  NNCOMM_RETURN_IF_ERROR(check_device(arrays));
   CollectiveQueue::Turn turn(state_->queue);
   NNCOMM_RETURN_IF_ERROR(turn.status());
   CollectiveSpan traced(name, state_->group.name(), sent);
@@ -158,7 +207,7 @@ Status DeviceGroup::all_reduce(CudaStream compute,
                                std::vector<ArrayRef> &arrays, bool division,
                                float scale, bool fuse,
                                Materializer materialize) {
-  return ordered(compute, "all_reduce", arrays,
+  return ordered(compute, "all_reduce", arrays, arrays,
                  [&](Transport &t, ArrayMemory &m) {
     return all_reduce_list(t, m, arrays, division, scale, fuse, materialize);
   });
@@ -167,7 +216,8 @@ Status DeviceGroup::all_reduce(CudaStream compute,
 Status DeviceGroup::reduce(CudaStream compute,
                            const std::vector<ArrayRef> &arrays, int root,
                            bool division, bool fuse) {
-  return ordered(compute, "reduce", arrays, [&](Transport &t, ArrayMemory &m) {
+  return ordered(compute, "reduce", arrays, arrays,
+                 [&](Transport &t, ArrayMemory &m) {
     return reduce_list(t, m, arrays, root, division, fuse);
   });
 }
@@ -175,14 +225,15 @@ Status DeviceGroup::reduce(CudaStream compute,
 Status DeviceGroup::bcast(CudaStream compute,
                           const std::vector<ArrayRef> &arrays, int root,
                           bool fuse) {
-  return ordered(compute, "bcast", arrays, [&](Transport &t, ArrayMemory &m) {
+  return ordered(compute, "bcast", arrays, arrays,
+                 [&](Transport &t, ArrayMemory &m) {
     return bcast_list(t, m, arrays, root, fuse);
   });
 }
 
 Status DeviceGroup::all_gather(CudaStream compute, const ArrayRef &send,
                                const std::vector<ArrayRef> &recv) {
-  return ordered(compute, "all_gather", send,
+  return ordered(compute, "all_gather", send, joined(send, recv),
                  [&](Transport &t, ArrayMemory &m) {
     return nncomm::all_gather(t, m, send, recv);
   });
@@ -191,7 +242,7 @@ Status DeviceGroup::all_gather(CudaStream compute, const ArrayRef &send,
 Status DeviceGroup::all_gatherv(CudaStream compute, const ArrayRef &send,
                                 const std::vector<size_t> &counts,
                                 const std::vector<ArrayRef> &recv) {
-  return ordered(compute, "all_gather", send,
+  return ordered(compute, "all_gather", send, joined(send, recv),
                  [&](Transport &t, ArrayMemory &m) {
     return nncomm::all_gatherv(t, m, send, counts, recv);
   });
@@ -201,7 +252,8 @@ Status DeviceGroup::alltoall(CudaStream compute, const ArrayRef &send,
                              const std::vector<size_t> &send_counts,
                              const ArrayRef &recv,
                              const std::vector<size_t> &recv_counts) {
-  return ordered(compute, "alltoall", send, [&](Transport &t, ArrayMemory &) {
+  return ordered(compute, "alltoall", send, {send, recv},
+                 [&](Transport &t, ArrayMemory &) {
     return nncomm::alltoall(t, send, send_counts, recv, recv_counts);
   });
 }
@@ -209,7 +261,7 @@ Status DeviceGroup::alltoall(CudaStream compute, const ArrayRef &send,
 Status DeviceGroup::reduce_scatter(CudaStream compute,
                                    const std::vector<ArrayRef> &send,
                                    const ArrayRef &recv, bool division) {
-  return ordered(compute, "reduce_scatter", send,
+  return ordered(compute, "reduce_scatter", send, joined(recv, send),
                  [&](Transport &t, ArrayMemory &m) {
     return nncomm::reduce_scatter(t, m, send, recv, division);
   });

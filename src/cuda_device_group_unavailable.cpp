@@ -22,6 +22,15 @@ Status DeviceGroup::Create(Group &, const void *,
 
 const char *DeviceGroup::transport_name() const { return "none"; }
 
+const std::string &DeviceGroup::advice() const {
+  static const std::string none;
+  return none;
+}
+
+Status DeviceGroup::check_device(const std::vector<ArrayRef> &) const {
+  return unavailable();
+}
+
 Status DeviceGroup::create_engine(CudaStream, size_t, std::vector<Bucket>, int,
                                   std::unique_ptr<Engine> *) {
   return unavailable();

@@ -17,17 +17,27 @@ Status cuda_device_count(int *count) {
   return Status::Ok();
 }
 
-Status cuda_use_device_of(const void *ptr) {
+Status cuda_device_of(const void *ptr, int *device) {
   cudaPointerAttributes attributes;
-  cudaError_t err = cudaPointerGetAttributes(&attributes, ptr);
-  if (err == cudaSuccess && attributes.type != cudaMemoryTypeDevice &&
+  const cudaError_t err = cudaPointerGetAttributes(&attributes, ptr);
+  if (err != cudaSuccess) {
+    return Status::RuntimeError(std::string("the device of a GPU array: ") +
+                                cudaGetErrorString(err));
+  }
+  if (attributes.type != cudaMemoryTypeDevice &&
       attributes.type != cudaMemoryTypeManaged) {
     return Status::InvalidArgument(
         "an array handed over as GPU memory (__cuda_array_interface__) is "
         "not device memory");
   }
-  if (err == cudaSuccess)
-    err = cudaSetDevice(attributes.device);
+  *device = attributes.device;
+  return Status::Ok();
+}
+
+Status cuda_use_device_of(const void *ptr) {
+  int device = 0;
+  NNCOMM_RETURN_IF_ERROR(cuda_device_of(ptr, &device));
+  const cudaError_t err = cudaSetDevice(device);
   if (err != cudaSuccess) {
     return Status::RuntimeError(std::string("the device of a GPU array: ") +
                                 cudaGetErrorString(err));

@@ -21,6 +21,8 @@ bool cuda_packing_built() { return false; }
 
 Status cuda_device_count(int *) { return unavailable(); }
 
+Status cuda_device_of(const void *, int *) { return unavailable(); }
+
 Status cuda_use_device_of(const void *) { return unavailable(); }
 
 Status CudaPacker::Create(std::unique_ptr<CudaPacker> *, size_t) {

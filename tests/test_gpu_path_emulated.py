@@ -142,6 +142,10 @@ def test_device_group_chooses_its_transport(transports_over_mpi, fake_libnccl,
            "no_such_libnccl.so.2"}
     out = run(transports_over_mpi, ranks, [1, "group"], env)
     assert f"(group: {chosen})" in out, out
+    # Ranks sharing one of the host's two fake GPUs are told to spread.
+    advice = ("group ranks [0, 2] share a GPU while this host has 2, so they "
+              "communicate through host memory (no NCCL)")
+    assert (advice in out) == (ranks == 3), out
 
 
 @pytest.mark.parametrize("ranks,library,reason", [

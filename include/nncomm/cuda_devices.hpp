@@ -10,6 +10,9 @@ namespace nncomm {
 // runtime's reason when there is none to see (no driver, no device).
 Status cuda_device_count(int *count);
 
+// The device holding `ptr`, which must be device memory.
+Status cuda_device_of(const void *ptr, int *device);
+
 // Makes the device holding `ptr` (device memory) current for the calling
 // thread, in this module's CUDA runtime (linked statically, so not the
 // framework's: each keeps its own current device).

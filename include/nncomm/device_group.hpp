@@ -13,6 +13,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "nncomm/bucket_plan.hpp"
@@ -36,6 +37,17 @@ public:
 
   // "nccl" or "mpi".
   const char *transport_name() const;
+
+  // What the user should change where the group's ranks share a GPU while
+  // their hosts have more; empty otherwise.
+  const std::string &advice() const;
+
+  // Refuses `arrays` unless each is device memory of the group's device
+  // (the one its first GPU collective was on): ordered with another
+  // device's streams, the group would read them while they are written.
+  // Every collective below checks its arrays; the engine's caller checks
+  // its gradients.
+  Status check_device(const std::vector<ArrayRef> &arrays) const;
 
   // An engine thread (engine.hpp) reducing `plan`'s buckets of
   // `num_tensors` gradients in the group's device memory, which the
@@ -67,12 +79,13 @@ public:
 private:
   struct State;
   explicit DeviceGroup(std::unique_ptr<State> state);
-  // Runs `collective` in the group's turn, after `compute`'s work so far
-  // and before its later work; on the timeline, as collective `name`
-  // sending `sent` (collectives.hpp: CollectiveSpan).
+  // Runs `collective` on `arrays` (checked by check_device) in the
+  // group's turn, after `compute`'s work so far and before its later work;
+  // on the timeline, as collective `name` sending `sent` (collectives.hpp:
+  // CollectiveSpan).
   template <typename Sent, typename Collective>
   Status ordered(CudaStream compute, const char *name, const Sent &sent,
-                 Collective collective);
+                 const std::vector<ArrayRef> &arrays, Collective collective);
 
   const std::unique_ptr<State> state_;
 };

@@ -497,6 +497,44 @@ void check_engine(DeviceGroup &devices, DeviceArray &a, DeviceArray &b) {
   }
 }
 
+// Memory of another device than the group's (the fake has two) is refused
+// before anything is enqueued, in every collective, naming the array and
+// both devices; the group goes on working afterwards.
+void check_other_device_refused(DeviceGroup &devices, DeviceArray &a) {
+  int here = 0;
+  cuda(cudaGetDevice(&here), "cudaGetDevice");
+  cuda(cudaSetDevice(1 - here), "cudaSetDevice");
+  DeviceArray elsewhere(a.n, DType::kFloat32);
+  cuda(cudaSetDevice(here), "cudaSetDevice");
+  const ArrayRef ours{a.device, a.n, DType::kFloat32};
+  const ArrayRef theirs{elsewhere.device, a.n, DType::kFloat32};
+  std::vector<ArrayRef> mixed = {ours, theirs};
+  const std::string want = "GPU array 1 of the call is on CUDA device " +
+                           std::to_string(1 - here) +
+                           ", but this group communicates on device " +
+                           std::to_string(here);
+  const auto refused = [&](const Status &s, const char *what) {
+    if (s.ok() || s.message().find(want) == std::string::npos)
+      fail(std::string(what) + " on another device: " +
+           (s.ok() ? "accepted" : s.message()));
+    ++checks;
+  };
+  refused(devices.all_reduce(nullptr, mixed, false, 1.0f, true,
+                             Materializer{}),
+          "all_reduce");
+  refused(devices.bcast(nullptr, mixed, 0, true), "bcast");
+  refused(devices.reduce(nullptr, mixed, 0, false, true), "reduce");
+  refused(devices.all_gather(nullptr, ours, {theirs}), "all_gather");
+  refused(devices.check_device(mixed), "check_device");
+  std::vector<ArrayRef> just_ours = {ours};
+  a.write(std::vector<double>(a.n, 1.0));
+  ok(devices.all_reduce(nullptr, just_ours, false, 1.0f, true,
+                        Materializer{}),
+     "DeviceGroup::all_reduce after a refusal");
+  expect(a.read(), std::vector<double>(a.n, double(ranks)),
+         "DeviceGroup::all_reduce after a refusal");
+}
+
 // The device group of the world: the transport every rank chose (NCCL
 // where it loads, NNCOMM_NCCL_LIBRARY, and no two ranks share a device),
 // and the list collectives through it, ordered with the compute stream.
@@ -549,6 +587,9 @@ std::string check_group() {
      "DeviceGroup::alltoall");
   expect(in.read(), expected, "DeviceGroup::alltoall");
   check_engine(*devices, a, b);
+  check_other_device_refused(*devices, a);
+  if (!devices->advice().empty())
+    std::printf("rank %d: advice: %s\n", rank, devices->advice().c_str());
   return devices->transport_name();
 }
 
