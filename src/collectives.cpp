@@ -259,30 +259,36 @@ Status all_reduce_list(Transport &transport, ArrayMemory &memory,
       CallSignature("all_reduce", 0, division + 2 * fuse).add_arrays(arrays)));
   if (arrays.empty())
     return Status::Ok();
-  const FusionPlan &plan = plan_fusion(arrays, fuse, /*flags=*/true);
+  // Without a materializer no array can be zeroing, and no flag needs to
+  // travel: on a device, reading the flags back would make the host wait
+  // for the device.
+  const bool zeroing = materialize.fn != nullptr;
+  const FusionPlan &plan = plan_fusion(arrays, fuse, /*flags=*/zeroing);
   char *buffer = nullptr;
   NNCOMM_RETURN_IF_ERROR(fail_alone(reserve_plan(memory, plan, &buffer)));
   for (const Message &m : plan.messages)
     NNCOMM_RETURN_IF_ERROR(pack(memory, buffer, m, arrays, scale));
 
-  const Message &first = plan.messages[0];
-  char *flags = buffer + first.byte_offset +
-                (first.count - arrays.size()) * dtype_size(first.dtype);
-  const size_t flag_size = dtype_size(first.dtype);
-  std::vector<char> host_flags(arrays.size() * flag_size);
-  for (size_t i = 0; i < arrays.size(); ++i) {
-    write_flag(&host_flags[i * flag_size], first.dtype,
-               arrays[i].ptr != nullptr);
+  std::vector<bool> written(arrays.size(), true);
+  if (zeroing) {
+    const Message &first = plan.messages[0];
+    char *flags = buffer + first.byte_offset +
+                  (first.count - arrays.size()) * dtype_size(first.dtype);
+    const size_t flag_size = dtype_size(first.dtype);
+    std::vector<char> host_flags(arrays.size() * flag_size);
+    for (size_t i = 0; i < arrays.size(); ++i) {
+      write_flag(&host_flags[i * flag_size], first.dtype,
+                 arrays[i].ptr != nullptr);
+    }
+    NNCOMM_RETURN_IF_ERROR(
+        memory.put(flags, host_flags.data(), host_flags.size()));
+    NNCOMM_RETURN_IF_ERROR(transport.allreduce(buffer + first.byte_offset,
+                                               first.count, first.dtype));
+    NNCOMM_RETURN_IF_ERROR(
+        memory.get(host_flags.data(), flags, host_flags.size()));
+    for (size_t i = 0; i < arrays.size(); ++i)
+      written[i] = read_flag(&host_flags[i * flag_size], first.dtype);
   }
-  NNCOMM_RETURN_IF_ERROR(
-      memory.put(flags, host_flags.data(), host_flags.size()));
-  NNCOMM_RETURN_IF_ERROR(transport.allreduce(buffer + first.byte_offset,
-                                             first.count, first.dtype));
-  NNCOMM_RETURN_IF_ERROR(
-      memory.get(host_flags.data(), flags, host_flags.size()));
-  std::vector<bool> written(arrays.size());
-  for (size_t i = 0; i < arrays.size(); ++i)
-    written[i] = read_flag(&host_flags[i * flag_size], first.dtype);
 
   const int divisor = division ? transport.size() : 1;
   for (size_t k = 0; k < plan.messages.size(); ++k) {
@@ -292,7 +298,7 @@ Status all_reduce_list(Transport &transport, ArrayMemory &memory,
       any_written = any_written || written[i];
     if (!any_written)
       continue; // the same decision on every rank
-    if (k > 0) {
+    if (k > 0 || !zeroing) { // the first carried the flags, sent above
       NNCOMM_RETURN_IF_ERROR(
           transport.allreduce(buffer + m.byte_offset, m.count, m.dtype));
     }

@@ -39,7 +39,8 @@ struct ArrayRef {
 
 // Gives writable memory for array `index` of an all_reduce list whose
 // pointer was nullptr, once it is known that the result must be stored
-// there. Returns nullptr on failure.
+// there. Returns nullptr on failure. A null `fn` says that no array of the
+// call can be zeroing (device memory) on any rank.
 struct Materializer {
   void *(*fn)(void *context, size_t index);
   void *context;
@@ -70,7 +71,8 @@ private:
 // An array whose pointer is nullptr here counts as zeros; an array that is
 // nullptr on every rank is skipped and stays untouched, as nnabla skips
 // arrays that are still zeroing everywhere. Which arrays were written
-// anywhere travels with the first message, so skipping costs no extra call.
+// anywhere travels with the first message, so skipping costs no extra call
+// (and, without a materializer, not at all).
 Status all_reduce_list(Transport &transport, ArrayMemory &memory,
                        std::vector<ArrayRef> &arrays, bool division,
                        float scale, bool fuse, Materializer materialize);

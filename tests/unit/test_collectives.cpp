@@ -76,20 +76,25 @@ struct Zeroing {
 
 // One all_reduce of arrays `specs` over every rank, `arrays[r]` holding
 // rank r's (nullopt: zeroing there); checks the results, which zeroing
-// arrays got memory, and the messages.
+// arrays got memory, and the messages. Without `zeroing` the call gets no
+// materializer (as device memory, which is never zeroing), and `arrays`
+// must all be there.
 void check_all_reduce(int size, const std::vector<Spec> &specs,
                       const std::vector<Arrays> &arrays, bool division,
-                      float scale, bool fuse) {
+                      float scale, bool fuse, bool zeroing = true) {
   FakeWorld world(size);
   std::vector<Arrays> after = arrays;
-  std::vector<Zeroing> zeroing(size, Zeroing{specs, Arrays(specs.size()), {}});
+  std::vector<Zeroing> given(size, Zeroing{specs, Arrays(specs.size()), {}});
   std::vector<std::vector<Call>> sent(size);
   run_ranks(size, [&](int rank) {
     auto transport = world.transport(rank);
     HostArrays memory;
     std::vector<ArrayRef> list = refs(after[rank], specs);
+    const Materializer materialize =
+        zeroing ? Materializer{&Zeroing::give, &given[rank]}
+                : Materializer{nullptr, nullptr};
     CHECK_OK(all_reduce_list(*transport, memory, list, division, scale, fuse,
-                             Materializer{&Zeroing::give, &zeroing[rank]}));
+                             materialize));
     for (const Call &c : world.calls(rank)) {
       if (c.kind != OpKind::kCheck)
         sent[rank].push_back(c);
@@ -102,11 +107,13 @@ void check_all_reduce(int size, const std::vector<Spec> &specs,
       written[i] = written[i] || a[i].has_value();
   }
 
-  // The message of the first array's dtype first (it carries a flag per
-  // array saying which were written somewhere), then each other dtype's, in
-  // order of first appearance, if one of its arrays was written somewhere,
-  // then each direct array written somewhere.
-  std::vector<DType> dtypes = {specs[0].dtype};
+  // With `zeroing`, the message of the first array's dtype first (it
+  // carries a flag per array saying which were written somewhere), then
+  // each other dtype's, in order of first appearance, if one of its arrays
+  // was written somewhere, then each direct array written somewhere.
+  std::vector<DType> dtypes;
+  if (zeroing)
+    dtypes.push_back(specs[0].dtype);
   std::map<DType, size_t> counts;
   std::map<DType, bool> wanted;
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -118,12 +125,14 @@ void check_all_reduce(int size, const std::vector<Spec> &specs,
     counts[dt] += specs[i].count;
     wanted[dt] = wanted[dt] || written[i];
   }
-  std::vector<Call> expected = {{OpKind::kAllreduce,
-                                 counts[dtypes[0]] + specs.size(),
-                                 dtypes[0]}};
-  for (size_t k = 1; k < dtypes.size(); ++k) {
-    if (wanted[dtypes[k]])
+  std::vector<Call> expected;
+  for (size_t k = 0; k < dtypes.size(); ++k) {
+    if (k == 0 && zeroing) {
+      expected.push_back({OpKind::kAllreduce, counts[dtypes[0]] + specs.size(),
+                          dtypes[0]});
+    } else if (wanted[dtypes[k]]) {
       expected.push_back({OpKind::kAllreduce, counts[dtypes[k]], dtypes[k]});
+    }
   }
   for (size_t i = 0; i < specs.size(); ++i) {
     if (direct(specs[i], fuse) && written[i])
@@ -142,7 +151,7 @@ void check_all_reduce(int size, const std::vector<Spec> &specs,
                                division ? size : 1, specs[i].dtype);
     for (int r = 0; r < size; ++r) {
       const std::optional<Array> &got =
-          arrays[r][i] ? after[r][i] : zeroing[r].given[i];
+          arrays[r][i] ? after[r][i] : given[r].given[i];
       CHECK_EQ(got.has_value(), written[i]);
       if (got)
         CHECK_SAME(*got, want);
@@ -154,8 +163,8 @@ void check_all_reduce(int size, const std::vector<Spec> &specs,
       if (!arrays[r][i] && written[i])
         needed.push_back(i);
     }
-    std::sort(zeroing[r].asked.begin(), zeroing[r].asked.end());
-    CHECK_EQ(zeroing[r].asked, needed);
+    std::sort(given[r].asked.begin(), given[r].asked.end());
+    CHECK_EQ(given[r].asked, needed);
   }
 }
 
@@ -199,6 +208,28 @@ TEST(all_reduce_list_skips_arrays_zeroing_everywhere) {
         arrays[r][3].reset();
     }
     check_all_reduce(size, specs, arrays, false, -1.25f, true);
+  }
+}
+
+TEST(all_reduce_list_without_a_materializer_sends_no_flags) {
+  // No array can be zeroing (device memory): one message per fused dtype,
+  // in order of first appearance, without flags, then the direct arrays;
+  // the first array direct or empty changes nothing of that.
+  std::mt19937_64 rng(5);
+  const std::vector<Spec> specs = {{DType::kFloat32,
+                                    direct_count(DType::kFloat32)},
+                                   {DType::kFloat16, 5},
+                                   {DType::kFloat32, 17},
+                                   {DType::kBFloat16, 0},
+                                   {DType::kFloat64, 9},
+                                   {DType::kFloat16, 1}};
+  for (int size : {2, 3, 4}) {
+    for (bool fuse : {true, false}) {
+      std::vector<Arrays> arrays;
+      for (int r = 0; r < size; ++r)
+        arrays.push_back(random_arrays(specs, rng));
+      check_all_reduce(size, specs, arrays, true, 0.5f, fuse, false);
+    }
   }
 }
 
