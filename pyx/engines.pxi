@@ -63,6 +63,21 @@ cdef object priorities_of(priority, Py_ssize_t n):
     return values
 
 
+cdef int check_device_conversions(tuple codes, int wire) except -1:
+    """Refuses gradients on a device whose conversion to the `wire` dtype
+    the CUDA packer cannot make (to or from float64), before anything is
+    planned."""
+    names = {code: name for name, code in DTYPE_CODES.items()}
+    for i, code in enumerate(codes):
+        if code != wire and DTYPE_CODES["float64"] in (code, wire):
+            raise TypeError(
+                f"data[{i}] is {names[code]} and the wire dtype "
+                f"{names[wire]}: on a CUDA device nncomm converts between "
+                f"float32, float16 and bfloat16 only; reduce float64 "
+                f"gradients in float64 (keep_dtype=True)")
+    return 0
+
+
 cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
                          tuple codes, size_t pack_size, bint keep_dtype,
                          int wire, GpuArrays device, tuple priorities):
@@ -86,6 +101,8 @@ cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
         spec.count = size
         spec.dtype = <DType><int>code
         specs.push_back(spec)
+    if device is not None and not keep_dtype:
+        check_device_conversions(codes, wire)
     cdef vector[size_t] launch_order = order
     cdef vector[Bucket] plan = plan_buckets(
         specs, launch_order, pack_size, keep_dtype, <DType><int>wire,

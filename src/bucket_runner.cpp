@@ -53,12 +53,14 @@ Status BucketRunner::start(size_t index, const Bucket &bucket,
                                           bucket.dtype, &table_));
   NNCOMM_RETURN_IF_ERROR(
       memory_->reserve(table_.count * dtype_size(bucket.dtype), &buffer_));
-  NNCOMM_RETURN_IF_ERROR(memory_->pack(table_, buffer_, bucket.dtype, scale));
+  const ScalingSplit s = split_scaling(*memory_, bucket.dtype, scale, divisor);
+  NNCOMM_RETURN_IF_ERROR(
+      memory_->pack(table_, buffer_, bucket.dtype, s.pack_scale));
   wire_ = bucket.dtype;
-  divisor_ = divisor;
+  divisor_ = s.unpack_divisor;
   unpack_ = !zeros;
-  return transport_.start_allreduce(buffer_, table_.count, bucket.dtype, 1.0f,
-                                    1, work);
+  return transport_.start_allreduce(buffer_, table_.count, bucket.dtype,
+                                    s.reduce_scale, s.reduce_divisor, work);
 }
 
 Status BucketRunner::finish() {

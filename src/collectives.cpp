@@ -266,11 +266,15 @@ Status all_reduce_list(Transport &transport, ArrayMemory &memory,
   const FusionPlan &plan = plan_fusion(arrays, fuse, /*flags=*/zeroing);
   char *buffer = nullptr;
   NNCOMM_RETURN_IF_ERROR(fail_alone(reserve_plan(memory, plan, &buffer)));
-  for (const Message &m : plan.messages)
-    NNCOMM_RETURN_IF_ERROR(pack(memory, buffer, m, arrays, scale));
+  const int divisor = division ? transport.size() : 1;
+  for (const Message &m : plan.messages) {
+    const ScalingSplit s = split_scaling(memory, m.dtype, scale, divisor);
+    NNCOMM_RETURN_IF_ERROR(pack(memory, buffer, m, arrays, s.pack_scale));
+  }
 
   std::vector<bool> written(arrays.size(), true);
   if (zeroing) {
+    // Host memory, which scales every dtype: the flags travel unscaled.
     const Message &first = plan.messages[0];
     char *flags = buffer + first.byte_offset +
                   (first.count - arrays.size()) * dtype_size(first.dtype);
@@ -290,7 +294,6 @@ Status all_reduce_list(Transport &transport, ArrayMemory &memory,
       written[i] = read_flag(&host_flags[i * flag_size], first.dtype);
   }
 
-  const int divisor = division ? transport.size() : 1;
   for (size_t k = 0; k < plan.messages.size(); ++k) {
     const Message &m = plan.messages[k];
     bool any_written = false;
@@ -298,16 +301,19 @@ Status all_reduce_list(Transport &transport, ArrayMemory &memory,
       any_written = any_written || written[i];
     if (!any_written)
       continue; // the same decision on every rank
+    const ScalingSplit s = split_scaling(memory, m.dtype, scale, divisor);
     if (k > 0 || !zeroing) { // the first carried the flags, sent above
       NNCOMM_RETURN_IF_ERROR(
-          transport.allreduce(buffer + m.byte_offset, m.count, m.dtype));
+          transport.allreduce(buffer + m.byte_offset, m.count, m.dtype,
+                              s.reduce_scale, s.reduce_divisor));
     }
     // Arrays written on no rank keep no memory and are left out.
     for (size_t i : m.arrays) {
       if (written[i])
         NNCOMM_RETURN_IF_ERROR(fail_alone(acquire(arrays[i], i, materialize)));
     }
-    NNCOMM_RETURN_IF_ERROR(unpack(memory, buffer, m, arrays, divisor));
+    NNCOMM_RETURN_IF_ERROR(
+        unpack(memory, buffer, m, arrays, s.unpack_divisor));
   }
 
   // Written somewhere, an empty array is no longer zeroing anywhere.
@@ -344,11 +350,14 @@ Status reduce_list(Transport &transport, ArrayMemory &memory,
   const bool is_root = transport.rank() == root;
   const int divisor = division ? transport.size() : 1;
   for (const Message &m : plan.messages) {
+    const ScalingSplit s = split_scaling(memory, m.dtype, 1.0f, divisor);
     NNCOMM_RETURN_IF_ERROR(pack(memory, buffer, m, arrays, 1.0f));
-    NNCOMM_RETURN_IF_ERROR(
-        transport.reduce(buffer + m.byte_offset, m.count, m.dtype, root));
-    if (is_root)
-      NNCOMM_RETURN_IF_ERROR(unpack(memory, buffer, m, arrays, divisor));
+    NNCOMM_RETURN_IF_ERROR(transport.reduce(buffer + m.byte_offset, m.count,
+                                            m.dtype, root, s.reduce_divisor));
+    if (is_root) {
+      NNCOMM_RETURN_IF_ERROR(
+          unpack(memory, buffer, m, arrays, s.unpack_divisor));
+    }
   }
   for (size_t i : plan.direct) {
     const ArrayRef &a = arrays[i];

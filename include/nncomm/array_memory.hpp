@@ -33,7 +33,27 @@ public:
   // on the host.
   virtual Status put(void *dst, const void *host, size_t bytes) = 0;
   virtual Status get(void *host, const void *src, size_t bytes) = 0;
+  // Whether pack() and unpack() can scale and divide messages of `wire`.
+  virtual bool scales(DType wire) const { return true; }
 };
+
+// Where a reduction's `scale` and `divisor` are applied to a message of
+// `wire` in `memory`: by pack() and unpack() where the memory can, by the
+// transport while it reduces otherwise (float64 on a device, which the
+// CUDA packer does not move).
+struct ScalingSplit {
+  float pack_scale;
+  float reduce_scale;
+  int reduce_divisor;
+  int unpack_divisor;
+};
+
+inline ScalingSplit split_scaling(const ArrayMemory &memory, DType wire,
+                                  float scale, int divisor) {
+  if (memory.scales(wire))
+    return {scale, 1.0f, 1, divisor};
+  return {1.0f, scale, divisor, 1};
+}
 
 class HostArrays : public ArrayMemory {
 public:

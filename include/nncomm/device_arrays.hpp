@@ -33,6 +33,7 @@ public:
   Status copy(void *dst, const void *src, size_t bytes) override;
   Status put(void *dst, const void *host, size_t bytes) override;
   Status get(void *host, const void *src, size_t bytes) override;
+  bool scales(DType wire) const override { return cuda_packs(wire); }
 
 private:
   DeviceArrays(DeviceTransport &transport, std::unique_ptr<CudaPacker> packer)

@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 #include <mpi.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -497,6 +498,83 @@ void check_engine(DeviceGroup &devices, DeviceArray &a, DeviceArray &b) {
   }
 }
 
+// `got` within a few units in the last place of `want` (float64 sums and
+// quotients, whose rounding the transports may order differently).
+void expect_near(const std::vector<double> &got,
+                 const std::vector<double> &want, const std::string &what) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::abs(got[i] - want[i]) > 1e-14 * std::abs(want[i])) {
+      fail(what + ": element " + std::to_string(i) + " is " +
+           std::to_string(got[i]) + ", expected " + std::to_string(want[i]));
+    }
+  }
+  ++checks;
+}
+
+// float64, which the CUDA packer does not move: the transport scales and
+// divides it while reducing, fused or direct (NNCOMM_DIRECT_BYTES at its
+// default), in all_reduce, reduce and the engine (its buckets in float64,
+// as keep_dtype plans them).
+void check_float64(DeviceGroup &devices) {
+  const size_t small = 300, large = (size_t(1) << 20) / 8 + 5;
+  DeviceArray x(small, DType::kFloat64), y(large, DType::kFloat64);
+  std::vector<double> vx(small), vy(large), sx(small, 0.0), sy(large, 0.0);
+  for (size_t i = 0; i < large; ++i) {
+    for (int r = 0; r < ranks; ++r) {
+      if (i < small)
+        sx[i] += input(r, i);
+      sy[i] += input(r, 3 * i);
+    }
+    if (i < small)
+      vx[i] = input(rank, i);
+    vy[i] = input(rank, 3 * i);
+  }
+  const auto times = [](std::vector<double> v, double f) {
+    for (double &e : v)
+      e = e * f;
+    return v;
+  };
+  const auto over = [](std::vector<double> v, double d) {
+    for (double &e : v)
+      e = e / d;
+    return v;
+  };
+  std::vector<ArrayRef> refs = {{x.device, small, DType::kFloat64},
+                                {y.device, large, DType::kFloat64}};
+  x.write(vx);
+  y.write(vy);
+  ok(devices.all_reduce(nullptr, refs, true, 0.5f, true, Materializer{}),
+     "DeviceGroup::all_reduce of float64");
+  expect_near(x.read(), over(times(sx, 0.5), ranks), "float64 fused mean");
+  expect_near(y.read(), over(times(sy, 0.5), ranks), "float64 direct mean");
+  x.write(vx);
+  y.write(vy);
+  ok(devices.reduce(nullptr, refs, 0, true, true),
+     "DeviceGroup::reduce of float64");
+  expect_near(x.read(), rank == 0 ? over(sx, ranks) : vx, "float64 reduce");
+  expect_near(y.read(), rank == 0 ? over(sy, ranks) : vy, "float64 reduce");
+
+  std::vector<TensorSpec> specs = {{small, DType::kFloat64},
+                                   {large, DType::kFloat64}};
+  std::unique_ptr<Engine> engine;
+  ok(devices.create_engine(
+         cudaStreamLegacy, 2,
+         plan_buckets(specs, {1, 0}, 700, true, DType::kFloat32, 4 * 2000),
+         20, &engine),
+     "DeviceGroup::create_engine of float64");
+  ok(engine->prepare(), "Engine::prepare");
+  for (int k = 0; k < 2; ++k) {
+    ok(engine->begin(0.5f, ranks), "Engine::begin");
+    y.write(vy);
+    engine->mark_ready(1, y.device, y.dt);
+    x.write(vx);
+    engine->mark_ready(0, x.device, x.dt);
+    ok(engine->finish(), "Engine::finish");
+    expect_near(x.read(), over(times(sx, 0.5), ranks), "float64 engine");
+    expect_near(y.read(), over(times(sy, 0.5), ranks), "float64 engine");
+  }
+}
+
 // Memory of another device than the group's (the fake has two) is refused
 // before anything is enqueued, in every collective, naming the array and
 // both devices; the group goes on working afterwards.
@@ -588,6 +666,7 @@ std::string check_group() {
   expect(in.read(), expected, "DeviceGroup::alltoall");
   check_engine(*devices, a, b);
   check_other_device_refused(*devices, a);
+  check_float64(*devices);
   if (!devices->advice().empty())
     std::printf("rank %d: advice: %s\n", rank, devices->advice().c_str());
   return devices->transport_name();

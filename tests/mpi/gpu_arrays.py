@@ -97,6 +97,15 @@ if MODE == "refused":
            lambda: comm.gradient_reducer(
                [HostDescribed(np.ones(3, np.int32))], 64),
            "integer gradients")
+    # The CUDA packer converts among float32, float16 and bfloat16 only.
+    raises(TypeError, "data[1] is float64 and the wire dtype float32",
+           lambda: comm.gradient_reducer(
+               [HostDescribed(a), HostDescribed(np.ones(3))], 64),
+           "float64 gradients converted on a device")
+    raises(TypeError, "data[0] is float32 and the wire dtype float64",
+           lambda: comm.gradient_reducer([HostDescribed(a)], 64,
+                                         wire_dtype="float64"),
+           "float32 gradients sent as float64 from a device")
     rows = HostDescribed(np.ones((SIZE * (RANK + 1), 2), np.float32))
     raises(ValueError, "different CUDA streams",
            lambda: comm.alltoall(rows, HostDescribed(
