@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -21,16 +22,45 @@ namespace nncomm {
 
 namespace {
 
+// What each rank tells the others when a device group is made.
+enum Field { kDevice, kNccl, kHasDevice, kHost, kFields };
+
+uint64_t host_identity() {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return Fingerprint().add(host).value();
+}
+
 // The same on two ranks only if they use the same device of the same host.
 Status device_identity(uint64_t *identity) {
   int device = 0;
   NNCOMM_CUDA_CALL(cudaGetDevice, &device);
   char bus[64] = {0};
   NNCOMM_CUDA_CALL(cudaDeviceGetPCIBusId, bus, sizeof bus - 1, device);
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
-  *identity = Fingerprint().add(host).add(bus).value();
+  *identity = Fingerprint().add(host_identity()).add(bus).value();
   return Status::Ok();
+}
+
+// What to change where the group's ranks on this host use fewer of its
+// `visible` GPUs than they could (the usual cause: every rank's context
+// left on device 0); empty otherwise. `all` holds every rank's fields.
+std::string sharing_advice(const std::vector<int64_t> &all, int rank,
+                           int visible) {
+  std::vector<int> here;
+  std::set<int64_t> used;
+  for (size_t r = 0; r < all.size() / kFields; ++r) {
+    if (all[r * kFields + kHost] == all[rank * kFields + kHost]) {
+      here.push_back(static_cast<int>(r));
+      used.insert(all[r * kFields + kDevice]);
+    }
+  }
+  if (used.size() >= std::min<size_t>(visible, here.size()))
+    return "";
+  return "group ranks " + rank_list(here) + " on this host use " +
+         std::to_string(used.size()) + " of its " + std::to_string(visible) +
+         " GPUs, so ranks sharing one communicate through host memory (no "
+         "NCCL); give each rank its own, as nnabla's examples do with "
+         "ctx.device_id = str(comm.local_rank)";
 }
 
 // `one` followed by `more`.
@@ -113,19 +143,23 @@ Status DeviceGroup::Create(Group &group, const void *on,
     here = device_identity(&identity);
   // Every rank decides from what every rank found, so all decide alike,
   // and all fail where one cannot go on.
-  int64_t mine[3] = {static_cast<int64_t>(identity), loaded.ok() ? 1 : 0,
-                     here.ok() ? 1 : 0};
+  int64_t mine[kFields];
+  mine[kDevice] = static_cast<int64_t>(identity);
+  mine[kNccl] = loaded.ok() ? 1 : 0;
+  mine[kHasDevice] = here.ok() ? 1 : 0;
+  mine[kHost] = static_cast<int64_t>(host_identity());
   const int size = host->size();
-  std::vector<int64_t> all(3 * size);
-  NNCOMM_RETURN_IF_ERROR(host->allgather(mine, all.data(), 3, DType::kInt64));
+  std::vector<int64_t> all(kFields * size);
+  NNCOMM_RETURN_IF_ERROR(
+      host->allgather(mine, all.data(), kFields, DType::kInt64));
   NNCOMM_RETURN_IF_ERROR(here);
   std::set<int64_t> devices;
   std::vector<int> without_nccl, without_device;
   for (int r = 0; r < size; ++r) {
-    devices.insert(all[3 * r]);
-    if (all[3 * r + 1] == 0)
+    devices.insert(all[kFields * r + kDevice]);
+    if (all[kFields * r + kNccl] == 0)
       without_nccl.push_back(r);
-    if (all[3 * r + 2] == 0)
+    if (all[kFields * r + kHasDevice] == 0)
       without_device.push_back(r);
   }
   if (!without_device.empty()) {
@@ -133,14 +167,6 @@ Status DeviceGroup::Create(Group &group, const void *on,
                                 " have no CUDA device to communicate on");
   }
   const bool shared = static_cast<int>(devices.size()) < size;
-  std::vector<int> sharing;
-  for (int r = 0; r < size; ++r) {
-    int same = 0;
-    for (int q = 0; q < size; ++q)
-      same += all[3 * q] == all[3 * r];
-    if (same > 1)
-      sharing.push_back(r);
-  }
   if (choice == config::GpuTransport::kNccl &&
       (shared || !without_nccl.empty())) {
     if (!loaded.ok())
@@ -154,18 +180,9 @@ Status DeviceGroup::Create(Group &group, const void *on,
   int device = 0, visible = 0;
   NNCOMM_CUDA_CALL(cudaGetDevice, &device);
   NNCOMM_CUDA_CALL(cudaGetDeviceCount, &visible);
-  // The usual cause: every rank's context left on device 0.
-  std::string advice;
-  if (shared && visible > 1) {
-    advice = "group ranks " + rank_list(sharing) + " share a GPU while " +
-             "this host has " + std::to_string(visible) + ", so they " +
-             "communicate through host memory (no NCCL); give each rank " +
-             "its own, as nnabla's examples do with ctx.device_id = " +
-             "str(comm.local_rank)";
-  }
   std::unique_ptr<State> state(
       new State{group, !shared && without_nccl.empty() ? api : nullptr,
-                device, std::move(advice)});
+                device, sharing_advice(all, host->rank(), visible)});
   NNCOMM_RETURN_IF_ERROR(
       state->transport_over(std::move(host), &state->transport));
   NNCOMM_RETURN_IF_ERROR(

@@ -142,10 +142,9 @@ def test_device_group_chooses_its_transport(transports_over_mpi, fake_libnccl,
            "no_such_libnccl.so.2"}
     out = run(transports_over_mpi, ranks, [1, "group"], env)
     assert f"(group: {chosen})" in out, out
-    # Ranks sharing one of the host's two fake GPUs are told to spread.
-    advice = ("group ranks [0, 2] share a GPU while this host has 2, so they "
-              "communicate through host memory (no NCCL)")
-    assert (advice in out) == (ranks == 3), out
+    # Ranks spread over both fake GPUs as well as they can be: no advice
+    # (tests/mpi/gpu_arrays.py emulated puts a group on one).
+    assert "advice" not in out, out
 
 
 @pytest.mark.parametrize("ranks,library,reason", [
