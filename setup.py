@@ -21,6 +21,11 @@ under ``CUDA_HOME``); ``NNCOMM_CUDA=1`` makes a missing nvcc an error,
 PTX of the last for newer GPUs). The CUDA runtime is linked statically, so
 the modules import on machines without a GPU or a CUDA installation; NCCL
 is loaded at run time, never linked.
+
+For the tests only, ``NNCOMM_FAKE_CUDA=1`` links the CPU-side CUDA runtime
+of tests/cuda_emulation (two emulated devices) in place of CUDA's, so that
+the Python layer's GPU path runs where there is no GPU
+(tests/test_gpu_python_emulated.py builds such a copy apart).
 """
 import glob
 import os
@@ -168,12 +173,17 @@ def cuda_build():
 
 
 CUDA = cuda_build()
+FAKE_CUDA = env_switch("NNCOMM_FAKE_CUDA") is True
+# The fake runtime, and the C entry points its Python users drive it by.
+FAKE_CUDA_SOURCES = ["tests/cuda_emulation/fake_cudart.cpp",
+                     "tests/cuda_emulation/fake_controls.cpp"]
 
 
 def extension(name, sources, cuda_sources, without_cuda, **kwargs):
     """An Extension whose `cuda_sources` are compiled by nvcc where CUDA is,
-    linked with the static CUDA runtime; elsewhere, or where there are
-    none, `without_cuda` stand in for them."""
+    linked with the static CUDA runtime (or the fake, NNCOMM_FAKE_CUDA);
+    elsewhere, or where there are none, `without_cuda` stand in for
+    them."""
     kwargs["include_dirs"] = ["include", "pyx"] + \
         kwargs.get("include_dirs", [])
     if CUDA is None or not cuda_sources:
@@ -181,10 +191,15 @@ def extension(name, sources, cuda_sources, without_cuda, **kwargs):
                          language="c++", extra_compile_args=CXXFLAGS,
                          depends=DEPENDS, **kwargs)
     nvcc, root = CUDA
-    CUDA_SOURCES[name] = (nvcc, cuda_sources)
-    kwargs.setdefault("library_dirs", []).append(cuda_library_dir(root))
-    kwargs.setdefault("libraries", []).extend(
-        ["cudart_static", "dl", "rt", "pthread"])
+    if FAKE_CUDA:
+        CUDA_SOURCES[name] = (nvcc, cuda_sources + FAKE_CUDA_SOURCES)
+        kwargs["include_dirs"] += ["src", "tests/cuda_emulation"]
+        runtime = ["dl", "pthread"]
+    else:
+        CUDA_SOURCES[name] = (nvcc, cuda_sources)
+        kwargs.setdefault("library_dirs", []).append(cuda_library_dir(root))
+        runtime = ["cudart_static", "dl", "rt", "pthread"]
+    kwargs.setdefault("libraries", []).extend(runtime)
     return Extension(name, sources=sources, language="c++",
                      extra_compile_args=CXXFLAGS, depends=DEPENDS, **kwargs)
 

@@ -11,11 +11,17 @@ MODE cupy (a GPU machine with CuPy): every collective on CuPy arrays
 against numpy (alltoall and all_gather of sizes that differ between ranks
 included), on the transport NNCOMM_GPU_TRANSPORT chooses.
 
+MODE emulated (a build over the fake CUDA runtime: setup.py's
+NNCOMM_FAKE_CUDA=1; tests/test_gpu_python_emulated.py): the same
+collectives on the fake's device memory (fake_device.py), and the engine,
+wire dtypes, float64 and device checks, through the Python layer.
+
 Prints "gpu_arrays: N checks passed on R ranks" from rank 0.
 """
 import os
 import sys
 import types
+import warnings
 
 import numpy as np
 from mpi4py import MPI
@@ -56,6 +62,89 @@ class HostDescribed:
             "shape": array.shape, "typestr": array.dtype.str,
             "data": (array.ctypes.data, readonly), "version": 3,
             "strides": strides, "stream": stream}
+
+
+def collectives(xp, new_arrays):
+    """Every collective on the device arrays of `xp` (CuPy, or FakeCupy)
+    against numpy, alltoall and all_gather of sizes that differ between
+    ranks included; with `new_arrays`, also into arrays they make (which
+    needs CuPy)."""
+    rng = np.random.default_rng(RANK)
+    mine = [rng.integers(-8, 8, n).astype(dt) for n, dt in
+            [(5, np.float32), (300, np.float32), (7, np.float16),
+             (300000, np.float32), (40, np.int32)]]
+    everyone = world.allgather(mine)
+    check(comm.transport == "mpi", "transport before any GPU call")
+    for inplace in (False, True):
+        arrays = [xp.asarray(x) for x in mine]
+        comm.all_reduce(arrays, inplace=inplace)
+        for k, x in enumerate(arrays):
+            expected = sum(e[k] for e in everyone)
+            check(np.array_equal(xp.asnumpy(x), expected),
+                  f"all_reduce inplace={inplace} [{k}]")
+    expected = os.environ.get("NNCOMM_GPU_TRANSPORT", "auto")
+    check(expected == "auto" or comm.transport == expected,
+          f"transport {comm.transport}, NNCOMM_GPU_TRANSPORT={expected}")
+    floats = [k for k, x in enumerate(mine) if x.dtype.kind == "f"]
+    for root in range(SIZE):
+        arrays = [xp.asarray(mine[k]) for k in floats]
+        comm.reduce(arrays, root, division=True)
+        for k, x in zip(floats, arrays):
+            mean = sum(e[k].astype(np.float64) for e in everyone) / SIZE
+            got = xp.asnumpy(x)
+            check(np.allclose(got, mean if RANK == root else mine[k],
+                              rtol=1e-3), f"reduce root={root} [{k}]")
+        arrays = [xp.asarray(x) for x in mine]
+        comm.bcast(arrays, root)
+        for k, x in enumerate(arrays):
+            check(np.array_equal(xp.asnumpy(x), everyone[root][k]),
+                  f"bcast root={root} [{k}]")
+    send = xp.asarray(mine[1])
+    recv = [xp.zeros_like(send) for _ in range(SIZE)]
+    comm.all_gather(send, recv)
+    for r in range(SIZE):
+        check(np.array_equal(xp.asnumpy(recv[r]), everyone[r][1]),
+              f"all_gather [{r}]")
+    blocks = [xp.asarray(mine[1]) for _ in range(SIZE)]
+    out = xp.zeros_like(blocks[0])
+    comm.reduce_scatter(blocks, out)
+    check(np.array_equal(xp.asnumpy(out), sum(e[1] for e in everyone)),
+          "reduce_scatter")
+
+    # Horovod's alltoall: rank q sends rank r q + r + 1 rows of 3, into a
+    # new CuPy array and into a given one.
+    counts = [RANK + r + 1 for r in range(SIZE)]
+    rows = (np.arange(sum(counts) * 3, dtype=np.float32).reshape(-1, 3)
+            + 1000 * RANK)
+    sent = world.allgather(rows)
+    expected = np.concatenate([
+        sent[q][sum(q + r + 1 for r in range(RANK)):][:q + RANK + 1]
+        for q in range(SIZE)])
+    if new_arrays:
+        got, received = comm.alltoall(xp.asarray(rows), splits=counts)
+        check(isinstance(got, xp.ndarray) and got.dtype == np.float32,
+              "alltoall makes a CuPy array")
+        check(np.array_equal(xp.asnumpy(got), expected), "alltoall new array")
+        check(received == [q + RANK + 1 for q in range(SIZE)],
+              "alltoall received splits")
+    given = xp.zeros(expected.size, np.float32)
+    got, _ = comm.alltoall(xp.asarray(rows), given, counts)
+    check(got is given and np.array_equal(xp.asnumpy(given).reshape(-1, 3),
+                                          expected), "alltoall into recv")
+    # Horovod's allgather: rank q has q + 1 rows of 2, gathered into a new
+    # array, and into one array per rank.
+    mine_rows = xp.full((RANK + 1, 2), RANK, np.int64)
+    everything = np.concatenate([np.full((q + 1, 2), q, np.int64)
+                                 for q in range(SIZE)])
+    if new_arrays:
+        got = comm.all_gather(mine_rows)
+        check(np.array_equal(xp.asnumpy(got), everything),
+              "all_gather into a new array")
+    parts = [xp.zeros(2 * (q + 1), np.int64) for q in range(SIZE)]
+    comm.all_gather(mine_rows, parts)
+    for q in range(SIZE):
+        check(np.array_equal(xp.asnumpy(parts[q]), np.full(2 * (q + 1), q)),
+              f"all_gather into a list [{q}]")
 
 
 comm = nncomm.Communicator(types.SimpleNamespace(backend=["cpu:float"]))
@@ -133,83 +222,10 @@ if MODE == "refused":
                      HostDescribed(np.zeros(2 * SIZE * (q + 1), np.float32))
                      for q in range(SIZE)])):
         raises(RuntimeError, "CUDA", call, "no GPU path here")
-else:
+elif MODE == "cupy":
     import cupy as cp
 
-    rng = np.random.default_rng(RANK)
-    mine = [rng.integers(-8, 8, n).astype(dt) for n, dt in
-            [(5, np.float32), (300, np.float32), (7, np.float16),
-             (300000, np.float32), (40, np.int32)]]
-    everyone = world.allgather(mine)
-    check(comm.transport == "mpi", "transport before any GPU call")
-    for inplace in (False, True):
-        arrays = [cp.asarray(x) for x in mine]
-        comm.all_reduce(arrays, inplace=inplace)
-        for k, x in enumerate(arrays):
-            expected = sum(e[k] for e in everyone)
-            check(np.array_equal(cp.asnumpy(x), expected),
-                  f"all_reduce inplace={inplace} [{k}]")
-    expected = os.environ.get("NNCOMM_GPU_TRANSPORT", "auto")
-    check(expected == "auto" or comm.transport == expected,
-          f"transport {comm.transport}, NNCOMM_GPU_TRANSPORT={expected}")
-    floats = [k for k, x in enumerate(mine) if x.dtype.kind == "f"]
-    for root in range(SIZE):
-        arrays = [cp.asarray(mine[k]) for k in floats]
-        comm.reduce(arrays, root, division=True)
-        for k, x in zip(floats, arrays):
-            mean = sum(e[k].astype(np.float64) for e in everyone) / SIZE
-            got = cp.asnumpy(x)
-            check(np.allclose(got, mean if RANK == root else mine[k],
-                              rtol=1e-3), f"reduce root={root} [{k}]")
-        arrays = [cp.asarray(x) for x in mine]
-        comm.bcast(arrays, root)
-        for k, x in enumerate(arrays):
-            check(np.array_equal(cp.asnumpy(x), everyone[root][k]),
-                  f"bcast root={root} [{k}]")
-    send = cp.asarray(mine[1])
-    recv = [cp.zeros_like(send) for _ in range(SIZE)]
-    comm.all_gather(send, recv)
-    for r in range(SIZE):
-        check(np.array_equal(cp.asnumpy(recv[r]), everyone[r][1]),
-              f"all_gather [{r}]")
-    blocks = [cp.asarray(mine[1]) for _ in range(SIZE)]
-    out = cp.zeros_like(blocks[0])
-    comm.reduce_scatter(blocks, out)
-    check(np.array_equal(cp.asnumpy(out), sum(e[1] for e in everyone)),
-          "reduce_scatter")
-
-    # Horovod's alltoall: rank q sends rank r q + r + 1 rows of 3, into a
-    # new CuPy array and into a given one.
-    counts = [RANK + r + 1 for r in range(SIZE)]
-    rows = (np.arange(sum(counts) * 3, dtype=np.float32).reshape(-1, 3)
-            + 1000 * RANK)
-    sent = world.allgather(rows)
-    expected = np.concatenate([
-        sent[q][sum(q + r + 1 for r in range(RANK)):][:q + RANK + 1]
-        for q in range(SIZE)])
-    got, received = comm.alltoall(cp.asarray(rows), splits=counts)
-    check(isinstance(got, cp.ndarray) and got.dtype == np.float32,
-          "alltoall makes a CuPy array")
-    check(np.array_equal(cp.asnumpy(got), expected), "alltoall new array")
-    check(received == [q + RANK + 1 for q in range(SIZE)],
-          "alltoall received splits")
-    given = cp.zeros(expected.size, cp.float32)
-    got, _ = comm.alltoall(cp.asarray(rows), given, counts)
-    check(got is given and np.array_equal(cp.asnumpy(given).reshape(-1, 3),
-                                          expected), "alltoall into recv")
-    # Horovod's allgather: rank q has q + 1 rows of 2, gathered into a new
-    # array, and into one array per rank.
-    mine_rows = cp.full((RANK + 1, 2), RANK, cp.int64)
-    everything = np.concatenate([np.full((q + 1, 2), q, np.int64)
-                                 for q in range(SIZE)])
-    got = comm.all_gather(mine_rows)
-    check(np.array_equal(cp.asnumpy(got), everything),
-          "all_gather into a new array")
-    parts = [cp.zeros(2 * (q + 1), cp.int64) for q in range(SIZE)]
-    comm.all_gather(mine_rows, parts)
-    for q in range(SIZE):
-        check(np.array_equal(cp.asnumpy(parts[q]), np.full(2 * (q + 1), q)),
-              f"all_gather into a list [{q}]")
+    collectives(cp, new_arrays=True)
     cp.cuda.get_current_stream().synchronize()
 
     def backward(weights, x, grads, order):
@@ -256,6 +272,109 @@ else:
                           f"gradient_reducer stream={stream.ptr} "
                           f"iteration {it} [{k}]")
             stream.synchronize()
+
+else:  # MODE == "emulated"
+    from fake_device import FakeCupy
+    from nncomm import _nncomm
+
+    xp = FakeCupy(_nncomm.__file__, RANK % 2, RANK + 1)
+    collectives(xp, new_arrays=False)
+    check(comm.transport == os.environ.get("NNCOMM_GPU_TRANSPORT", "mpi"),
+          f"transport {comm.transport}")
+
+    # The engine on device gradients equals a plain all_reduce, bitwise:
+    # each gradient written by work enqueued on the legacy stream (which
+    # the fake runs late) and made ready at once, in backward's order;
+    # 2048 x 256 goes in place, and under keep_dtype one is float16.
+    rng = np.random.default_rng(RANK + 7)
+    rows = [1, 64, 200, 2048, 256, 33]
+    for keep_dtype in (False, True):
+        dtypes = [np.float16 if keep_dtype and k == 1 else np.float32
+                  for k in range(len(rows))]
+        grads = [xp.zeros((r, 256), dt) for r, dt in zip(rows, dtypes)]
+        reducer = comm.gradient_reducer(grads, 5000, division=True,
+                                        keep_dtype=keep_dtype)
+        for it in range(3):
+            values = [rng.standard_normal(g.shape).astype(g.dtype)
+                      for g in grads]
+            reducer.begin()
+            for k in reversed(range(len(rows))):
+                xp.write(grads[k], values[k])
+                reducer.ready(k)
+            reducer.finish()
+            reference = [xp.asarray(v) for v in values]
+            comm.all_reduce(reference, division=True)
+            for k, (g, r) in enumerate(zip(grads, reference)):
+                check(np.array_equal(xp.asnumpy(g), xp.asnumpy(r)),
+                      f"gradient_reducer keep_dtype={keep_dtype} "
+                      f"iteration {it} [{k}]")
+
+    # float16 on the wire: converted while packed, summed, divided while
+    # unpacked (small integers: every step exact).
+    small = [rng.integers(-8, 8, (r, 16)).astype(np.float32) for r in rows]
+    everyone = world.allgather(small)
+    grads = [xp.asarray(v) for v in small]
+    reducer = comm.gradient_reducer(grads, 700, division=True,
+                                    wire_dtype="float16")
+    with reducer:
+        for k in reversed(range(len(rows))):
+            reducer.ready(k)
+    for k, g in enumerate(grads):
+        mean = sum(e[k] for e in everyone) / np.float32(SIZE)
+        check(np.array_equal(xp.asnumpy(g), mean), f"float16 wire [{k}]")
+
+    # float64, which the CUDA packer does not move: the transport scales
+    # and divides it, fused (300) or in place (140000: over 1 MiB). Sums of
+    # quarters are exact in any order, so only the division rounds.
+    wide = [rng.integers(-1000, 1000, n) / 4 for n in (300, 140000)]
+    everyone = world.allgather(wide)
+    arrays = [xp.asarray(v) for v in wide]
+    comm.all_reduce(arrays, division=True)
+    for k, x in enumerate(arrays):
+        mean = sum(e[k] for e in everyone) / SIZE
+        check(np.array_equal(xp.asnumpy(x), mean),
+              f"float64 all_reduce [{k}]")
+    grads = [xp.asarray(v) for v in wide]
+    reducer = comm.gradient_reducer(grads, 700, division=True,
+                                    scale_grad=0.5, keep_dtype=True)
+    with reducer:
+        for k in (1, 0):
+            reducer.ready(k)
+    for k, g in enumerate(grads):
+        mean = sum(e[k] * 0.5 for e in everyone) / SIZE
+        check(np.array_equal(xp.asnumpy(g), mean),
+              f"float64 gradient_reducer [{k}]")
+
+    # An array on the other fake device than the group's raises before
+    # anything is enqueued, on every rank; the group goes on afterwards.
+    other = xp.asarray(np.ones(3, np.float32), device=1 - RANK % 2)
+    raises(ValueError, f"is on CUDA device {1 - RANK % 2}",
+           lambda: comm.all_reduce([xp.asarray(np.ones(3, np.float32)),
+                                    other]), "an array on another device")
+    raises(ValueError, f"is on CUDA device {1 - RANK % 2}",
+           lambda: comm.gradient_reducer([other], 64),
+           "gradients on another device")
+    x = xp.asarray(np.ones(3, np.float32))
+    comm.all_reduce(x)
+    check(np.array_equal(xp.asnumpy(x), np.full(3, SIZE, np.float32)),
+          "all_reduce after a refusal")
+
+    # A group whose ranks all use fake device 0 of the host's two is told
+    # to spread (one rank alone needs only one).
+    comm.new_group(("device 0", list(range(SIZE))))
+    x = xp.asarray(np.ones(3, np.float32), device=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        comm.all_reduce(x, group="device 0")
+    said = [str(w.message) for w in caught
+            if "ctx.device_id = str(comm.local_rank)" in str(w.message)]
+    check(said == ([] if SIZE == 1 else [
+        f"group ranks {list(range(SIZE))} on this host use 1 of its 2 GPUs, "
+        f"so ranks sharing one communicate through host memory (no NCCL); "
+        f"give each rank its own, as nnabla's examples do with "
+        f"ctx.device_id = str(comm.local_rank)"]), f"sharing advice {said}")
+    check(np.array_equal(xp.asnumpy(x), np.full(3, SIZE, np.float32)),
+          "all_reduce on the shared device")
 
 failed = world.allreduce(len(failures))
 if failed:

@@ -1,0 +1,49 @@
+"""The Python layer's GPU path where there is no GPU: nncomm built over the
+fake CUDA runtime of tests/cuda_emulation (setup.py's NNCOMM_FAKE_CUDA=1,
+into a directory of its own), driven through __cuda_array_interface__
+arrays in the fake's device memory (tests/mpi/fake_device.py) on 1-4 ranks
+over real MPI, against numpy: every collective, gradient_reducer against
+all_reduce bitwise, the wire dtypes, float64 and arrays on the wrong
+device. The fake runs device work late in random legal orders, so a
+missing stream order gives wrong values. The host-staged transport is the
+one that runs (no NCCL is loaded here); NCCL's host logic is tested by
+test_gpu_path_emulated.py."""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from launcher import RANK_COUNTS, WORKERS, run_worker
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def fake_cuda_package(tmp_path_factory):
+    """A directory holding the nncomm package, its compiled modules built
+    over the fake runtime."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("no nvcc on this machine")
+    out = tmp_path_factory.mktemp("fake_cuda")
+    lib = out / "lib"
+    env = dict(os.environ, NNCOMM_FAKE_CUDA="1", NNCOMM_CUDA="1",
+               NNCOMM_CUDA_ARCH="80")
+    subprocess.run([sys.executable, "setup.py", "-q", "build_ext",
+                    "--build-lib", str(lib), "--build-temp",
+                    str(out / "temp"), "-j", "2"],
+                   cwd=REPO, env=env, check=True, timeout=1800,
+                   stdout=subprocess.DEVNULL)
+    for module in glob.glob(os.path.join(REPO, "python", "nncomm", "*.py")):
+        os.symlink(module, lib / "nncomm" / os.path.basename(module))
+    return str(lib)
+
+
+@pytest.mark.parametrize("n", RANK_COUNTS)
+def test_collectives_and_engine_through_python(fake_cuda_package, n):
+    out = run_worker("gpu_arrays", n, ["emulated"], timeout=600, env={
+        "PYTHONPATH": os.pathsep.join([fake_cuda_package, WORKERS]),
+        "NNCOMM_GPU_TRANSPORT": "mpi"})
+    assert f"checks passed on {n} ranks" in out
