@@ -8,12 +8,14 @@ namespace {
 
 // Where a direct bucket of this rank lies, in the planned dtype, to be
 // reduced in place; nullptr when it must go through staging instead (not
-// direct, `zeros`, a gradient never written here, or one in another dtype
-// than planned).
-void *in_place(const Bucket &bucket, const TensorTable &tensors, bool zeros) {
+// direct, `zeros`, a gradient never written here, one in another dtype
+// than planned, or a scaling the transport would make less precise than
+// packing does: `precise` false).
+void *in_place(const Bucket &bucket, const TensorTable &tensors, bool zeros,
+               bool precise) {
   const Segment &first = bucket.segments[0];
   char *ptr = static_cast<char *>(tensors.ptrs[first.tensor]);
-  if (!bucket.direct || zeros || ptr == nullptr ||
+  if (!bucket.direct || zeros || !precise || ptr == nullptr ||
       tensors.dtypes[first.tensor] != bucket.dtype)
     return nullptr;
   return ptr + first.tensor_offset * dtype_size(bucket.dtype);
@@ -44,7 +46,9 @@ Status BucketRunner::start(size_t index, const Bucket &bucket,
                            int divisor, bool zeros, WorkPtr *work) {
   unpack_ = false;
   NNCOMM_RETURN_IF_ERROR(follow(index));
-  if (void *piece = in_place(bucket, tensors, zeros)) {
+  const bool precise =
+      transport_.scales_precisely(bucket.dtype, scale, divisor);
+  if (void *piece = in_place(bucket, tensors, zeros, precise)) {
     return transport_.start_allreduce(piece, bucket.count, bucket.dtype, scale,
                                       divisor, work);
   }

@@ -24,6 +24,13 @@ nccl::DataType nccl_type(DType dt) {
   return -1;
 }
 
+// scale / divisor in `dt`, as the pre-multiplied sum takes it: computed in
+// double, so that a float64 reduction's factor is as precise as its data.
+void premul_scalar(DType dt, float scale, int divisor, char scalar[8]) {
+  const double factor = static_cast<double>(scale) / divisor;
+  convert_scaled(scalar, dt, &factor, DType::kFloat64, 1, 1.0f, 1);
+}
+
 } // namespace
 
 Status NcclTransport::nccl_status(nccl::Result result,
@@ -126,15 +133,27 @@ Status NcclTransport::reduction(DType dt, float scale, int divisor,
     *op = nccl::kAvg;
     return Status::Ok();
   }
-  const float factor = scale / static_cast<float>(divisor);
   char scalar[8];
-  convert_scaled(scalar, dt, &factor, DType::kFloat32, 1, 1.0f, 1);
+  premul_scalar(dt, scale, divisor, scalar);
   NNCOMM_RETURN_IF_ERROR(
       nccl_status(api_.RedOpCreatePreMulSum(op, scalar, nccl_type(dt),
                                             nccl::kHostImmediate, comm_),
                   "ncclRedOpCreatePreMulSum"));
   *created = true;
   return Status::Ok();
+}
+
+bool NcclTransport::scales_precisely(DType dt, float scale,
+                                     int divisor) const {
+  if (dt != DType::kFloat16 && dt != DType::kBFloat16)
+    return true;
+  // The pre-multiplied sum's scalar is of the dtype: precise only where it
+  // holds the factor exactly (1/3 or a subnormal 1/(65536*6) it does not).
+  char scalar[8];
+  premul_scalar(dt, scale, divisor, scalar);
+  double back = 0;
+  convert_scaled(&back, DType::kFloat64, scalar, dt, 1, 1.0f, 1);
+  return back == static_cast<double>(scale) / divisor;
 }
 
 template <typename Enqueue>

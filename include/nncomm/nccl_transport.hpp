@@ -34,6 +34,7 @@ public:
 
   Status start_allreduce(void *buf, size_t count, DType dt, float scale,
                          int divisor, WorkPtr *work) override;
+  bool scales_precisely(DType dt, float scale, int divisor) const override;
   Status start_reduce(void *buf, size_t count, DType dt, int root,
                       int divisor, WorkPtr *work) override;
   Status start_bcast(void *buf, size_t count, DType dt, int root,

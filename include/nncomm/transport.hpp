@@ -72,6 +72,12 @@ public:
   // arithmetic as scaling.hpp says. Integer dtypes only with 1 and 1.
   virtual Status start_allreduce(void *buf, size_t count, DType dt,
                                  float scale, int divisor, WorkPtr *work) = 0;
+  // Whether start_allreduce scales `dt` by `scale` / `divisor` losing no
+  // more than the dtype's own rounding; where not (NCCL's one scalar in a
+  // 16-bit dtype), callers scale while packing instead.
+  virtual bool scales_precisely(DType dt, float scale, int divisor) const {
+    return true;
+  }
   // Sums `buf` into `root`'s `buf`, divided there by `divisor`; the
   // other ranks' stay unchanged.
   virtual Status start_reduce(void *buf, size_t count, DType dt, int root,

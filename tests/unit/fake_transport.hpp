@@ -173,6 +173,14 @@ public:
   nncomm::Status start_barrier(nncomm::WorkPtr *work) override;
   nncomm::Status agree(uint64_t value, bool *same) override;
   nncomm::Status check_call(uint64_t signature, bool always) override;
+  // As NCCL's pre-multiplied sum in a 16-bit dtype: scaling said to be
+  // imprecise (the arithmetic stays exact) once scale_imprecisely() is
+  // called.
+  bool scales_precisely(nncomm::DType, float scale,
+                        int divisor) const override {
+    return precise_ || (scale == 1.0f && divisor == 1);
+  }
+  void scale_imprecisely() { precise_ = false; }
 
 private:
   // Starts `call` with `arrival` as this rank's side; the result lands in
@@ -196,6 +204,7 @@ private:
   // comparison.
   std::unordered_set<uint64_t> checked_;
   uint64_t unchecked_ = 0;
+  bool precise_ = true;
 };
 
 // Runs `body(rank)` for each of `size` ranks, each on a thread of its own,

@@ -23,6 +23,7 @@ struct Reduction {
   float scale = 1.0f;
   int divisor = 1;
   int zeros_rank = -1; // the rank that sends zeros (failed), if any
+  bool imprecise = false; // the transport would scale imprecisely
 };
 
 // Reduces `r.bucket` of `tensors[rank]` on every rank, with one runner each.
@@ -30,6 +31,8 @@ void run_bucket(FakeWorld &world, const Reduction &r,
                 std::vector<Tensors> &tensors) {
   run_ranks(world.size(), [&](int rank) {
     std::unique_ptr<FakeTransport> transport = world.transport(rank);
+    if (r.imprecise)
+      transport->scale_imprecisely();
     BucketRunner runner(*transport, std::make_unique<HostArrays>());
     CHECK_OK(runner.prepare({r.bucket}));
     std::vector<void *> ptrs;
@@ -138,6 +141,29 @@ TEST(host_runner_reduces_a_direct_bucket_in_place) {
       CHECK_EQ(log[0].call, (Call{OpKind::kAllreduce, 30, DType::kFloat32}));
       CHECK(log[0].buffer ==
             static_cast<const char *>(after[rank][1]->data()) + 5 * 4);
+    }
+  }
+}
+
+TEST(host_runner_stages_a_direct_bucket_the_transport_would_scale_badly) {
+  // Scaled by packing instead, as NCCL's float16 scalar would lose
+  // precision; unscaled, it stays in place.
+  std::mt19937_64 rng(4);
+  for (float scale : {0.1f, 1.0f}) {
+    Reduction r;
+    r.bucket = direct_bucket(0, 0, 16);
+    r.scale = scale;
+    r.divisor = scale == 1.0f ? 1 : 3;
+    r.imprecise = true;
+    const std::vector<Tensors> before =
+        random_tensors(3, {{16, DType::kFloat32}}, rng);
+    std::vector<Tensors> after = before;
+    FakeWorld world(3);
+    run_bucket(world, r, after);
+    check_bucket(r, before, after);
+    for (int rank = 0; rank < 3; ++rank) {
+      const bool in_place = world.log(rank)[0].buffer == after[rank][0]->data();
+      CHECK_EQ(in_place, scale == 1.0f);
     }
   }
 }
