@@ -174,6 +174,9 @@ def cuda_build():
 
 CUDA = cuda_build()
 FAKE_CUDA = env_switch("NNCOMM_FAKE_CUDA") is True
+if FAKE_CUDA and CUDA is None:
+    sys.exit("nncomm: NNCOMM_FAKE_CUDA=1 needs nvcc, for the GPU path's "
+             "sources")
 # The fake runtime, and the C entry points its Python users drive it by.
 FAKE_CUDA_SOURCES = ["tests/cuda_emulation/fake_cudart.cpp",
                      "tests/cuda_emulation/fake_controls.cpp"]
