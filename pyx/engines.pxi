@@ -68,13 +68,16 @@ cdef int check_device_conversions(tuple codes, int wire) except -1:
     the CUDA packer cannot make (to or from float64), before anything is
     planned."""
     names = {code: name for name, code in DTYPE_CODES.items()}
+    float64 = DTYPE_CODES["float64"]
     for i, code in enumerate(codes):
-        if code != wire and DTYPE_CODES["float64"] in (code, wire):
+        if code != wire and float64 in (code, wire):
             raise TypeError(
                 f"data[{i}] is {names[code]} and the wire dtype "
                 f"{names[wire]}: on a CUDA device nncomm converts between "
-                f"float32, float16 and bfloat16 only; reduce float64 "
-                f"gradients in float64 (keep_dtype=True)")
+                f"float32, float16 and bfloat16 only; " +
+                ("reduce float64 gradients in float64 (keep_dtype=True)"
+                 if code == float64 else
+                 "choose one of them as wire_dtype"))
     return 0
 
 
@@ -109,13 +112,22 @@ cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
         direct_bytes())
     if priorities is not None:
         prioritize(priorities, &plan)
-    # Every rank must run the same plan, or their calls would not match:
-    # one small all-reduce, once per new plan.
-    if not group.same_everywhere(plan_fingerprint(plan)):
+    # Every rank must run the same plan, or their calls would not match,
+    # on gradients where its group communicates: one small all-reduce, once
+    # per new plan, that a rank whose gradients are elsewhere spoils.
+    cdef Status placed
+    if device is not None:
+        placed = group.placed(device)
+    fingerprint = plan_fingerprint(plan)
+    if not group.same_everywhere(fingerprint if placed.ok()
+                                 else fingerprint ^ 1):
+        CHKSTATUS(placed)  # this rank's own reason
         raise ValueError(
             "the ranks of this group disagree on the gradients to reduce "
             "(their number, sizes, dtypes or priorities, or which of them "
-            "backward reaches)")
+            "backward reaches), or a rank's are on another GPU than its "
+            "group's")
+    CHKSTATUS(placed)
     cdef _Engine engine = _Engine.__new__(_Engine)
     planned = set(order)
     engine.unreached = [i for i in range(len(data)) if i not in planned]
@@ -133,9 +145,6 @@ cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
     if device is not None:
         devices = group.devices(device.first())
         stream = device.stream
-        with nogil:
-            status = devices.check_device(device.refs)
-        CHKSTATUS(status)
     with nogil:
         if devices == NULL:
             status = deref(group.core).create_engine(count, plan, poll_us,

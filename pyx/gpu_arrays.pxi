@@ -43,6 +43,11 @@ cdef class GpuArrays:
     cdef CudaStream stream
 
     cdef const void* first(self):
+        """The memory of the first array that has some (CuPy gives empty
+        arrays address 0), where the group's device side is made."""
+        for i in range(self.refs.size()):
+            if self.refs[i].count:
+                return self.refs[i].ptr
         return self.refs[0].ptr
 
 

@@ -23,8 +23,17 @@ cdef class _Group:
             CHKSTATUS(status)
             advice = self.device.get().advice().decode()
             if advice:
-                warnings.warn(advice, RuntimeWarning, stacklevel=3)
+                # Cython pushes no frame: 1 is the user's call.
+                warnings.warn(advice, RuntimeWarning, stacklevel=1)
         return self.device.get()
+
+    cdef Status placed(self, GpuArrays arrays):
+        """Whether `arrays` are on the device this group communicates GPU
+        memory on (before its first GPU collective: on one device), asked
+        of this rank alone."""
+        if self.device:
+            return self.device.get().check_device(arrays.refs)
+        return check_on_device(arrays.refs, -1)
 
     cdef bint same_everywhere(self, uint64_t value) except -1:
         """Whether every rank of the group passed the same `value` (one

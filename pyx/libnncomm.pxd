@@ -100,6 +100,7 @@ cdef extern from "nncomm/group.hpp" namespace "nncomm" nogil:
 
 cdef extern from "nncomm/device_group.hpp" namespace "nncomm" nogil:
     ctypedef void* CudaStream
+    Status check_on_device(const vector[ArrayRef]& arrays, int device)
     cdef cppclass DeviceGroup:
         @staticmethod
         Status Create(Group& group, const void* on,

@@ -164,7 +164,8 @@ Status fail_alone(Status status) {
 Status acquire(ArrayRef &a, size_t index, Materializer materialize) {
   if (a.ptr != nullptr)
     return Status::Ok();
-  a.ptr = materialize.fn(materialize.context, index);
+  if (materialize.fn != nullptr)
+    a.ptr = materialize.fn(materialize.context, index);
   if (a.ptr == nullptr) {
     return Status::InvalidArgument("nncomm could not get the memory of data[" +
                                    std::to_string(index) + "]");
@@ -254,15 +255,15 @@ Status all_reduce_list(Transport &transport, ArrayMemory &memory,
                        std::vector<ArrayRef> &arrays, bool division,
                        float scale, bool fuse, Materializer materialize) {
   OperationLabel label("all_reduce of %zu arrays", arrays.size());
-  NNCOMM_RETURN_IF_ERROR(check_same_call(
-      transport,
-      CallSignature("all_reduce", 0, division + 2 * fuse).add_arrays(arrays)));
-  if (arrays.empty())
-    return Status::Ok();
   // Without a materializer no array can be zeroing, and no flag needs to
   // travel: on a device, reading the flags back would make the host wait
-  // for the device.
+  // for the device. Every rank must decide alike.
   const bool zeroing = materialize.fn != nullptr;
+  const int options = division + 2 * fuse + 4 * zeroing;
+  NNCOMM_RETURN_IF_ERROR(check_same_call(
+      transport, CallSignature("all_reduce", 0, options).add_arrays(arrays)));
+  if (arrays.empty())
+    return Status::Ok();
   const FusionPlan &plan = plan_fusion(arrays, fuse, /*flags=*/zeroing);
   char *buffer = nullptr;
   NNCOMM_RETURN_IF_ERROR(fail_alone(reserve_plan(memory, plan, &buffer)));
@@ -274,8 +275,14 @@ Status all_reduce_list(Transport &transport, ArrayMemory &memory,
 
   std::vector<bool> written(arrays.size(), true);
   if (zeroing) {
-    // Host memory, which scales every dtype: the flags travel unscaled.
     const Message &first = plan.messages[0];
+    // The flags travel in the first message, reduced unscaled: its scaling
+    // must be the memory's.
+    if (!memory.scales(first.dtype)) {
+      return Status::InvalidArgument(
+          "all_reduce: arrays that may be zeroing need memory that scales "
+          "their dtype");
+    }
     char *flags = buffer + first.byte_offset +
                   (first.count - arrays.size()) * dtype_size(first.dtype);
     const size_t flag_size = dtype_size(first.dtype);
@@ -318,7 +325,7 @@ Status all_reduce_list(Transport &transport, ArrayMemory &memory,
 
   // Written somewhere, an empty array is no longer zeroing anywhere.
   for (size_t i : plan.empty) {
-    if (written[i])
+    if (zeroing && written[i])
       NNCOMM_RETURN_IF_ERROR(fail_alone(acquire(arrays[i], i, materialize)));
   }
   for (size_t i : plan.direct) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <set>
 #include <string>
 
@@ -43,7 +44,8 @@ Status device_identity(uint64_t *identity) {
 
 // What to change where the group's ranks on this host use fewer of its
 // `visible` GPUs than they could (the usual cause: every rank's context
-// left on device 0); empty otherwise. `all` holds every rank's fields.
+// left on device 0), for the lowest of them to say once; empty otherwise.
+// `all` holds every rank's fields.
 std::string sharing_advice(const std::vector<int64_t> &all, int rank,
                            int visible) {
   std::vector<int> here;
@@ -54,7 +56,7 @@ std::string sharing_advice(const std::vector<int64_t> &all, int rank,
       used.insert(all[r * kFields + kDevice]);
     }
   }
-  if (used.size() >= std::min<size_t>(visible, here.size()))
+  if (here[0] != rank || used.size() >= std::min<size_t>(visible, here.size()))
     return "";
   return "group ranks " + rank_list(here) + " on this host use " +
          std::to_string(used.size()) + " of its " + std::to_string(visible) +
@@ -72,6 +74,29 @@ std::vector<ArrayRef> joined(const ArrayRef &one,
 }
 
 } // namespace
+
+Status check_on_device(const std::vector<ArrayRef> &arrays, int device) {
+  for (const ArrayRef &a : arrays) {
+    if (a.count == 0)
+      continue;
+    int here = 0;
+    NNCOMM_RETURN_IF_ERROR(cuda_device_of(a.ptr, &here));
+    if (device < 0)
+      device = here;
+    if (here != device) {
+      char address[32];
+      std::snprintf(address, sizeof address, "%p", a.ptr);
+      return Status::InvalidArgument(
+          std::string("a GPU array of this call (at ") + address +
+          ") is on CUDA device " + std::to_string(here) +
+          ", but the call communicates on device " + std::to_string(device) +
+          " (the group's, where its first GPU collective was, or the "
+          "call's first array's); a group's GPU arrays must all be on one "
+          "device");
+    }
+  }
+  return Status::Ok();
+}
 
 struct DeviceGroup::State {
   Group &group;
@@ -112,21 +137,7 @@ const char *DeviceGroup::transport_name() const {
 
 const std::string &DeviceGroup::advice() const { return state_->advice; }
 
-Status DeviceGroup::check_device(const std::vector<ArrayRef> &arrays) const {
-  for (size_t i = 0; i < arrays.size(); ++i) {
-    int device = 0;
-    NNCOMM_RETURN_IF_ERROR(cuda_device_of(arrays[i].ptr, &device));
-    if (device != state_->device) {
-      return Status::InvalidArgument(
-          "GPU array " + std::to_string(i) + " of the call is on CUDA "
-          "device " + std::to_string(device) + ", but this group "
-          "communicates on device " + std::to_string(state_->device) +
-          " (where its first GPU collective was); a group's GPU arrays "
-          "must all be on one device");
-    }
-  }
-  return Status::Ok();
-}
+int DeviceGroup::device() const { return state_->device; }
 
 Status DeviceGroup::Create(Group &group, const void *on,
                            std::unique_ptr<DeviceGroup> *out) {

@@ -27,9 +27,11 @@ const std::string &DeviceGroup::advice() const {
   return none;
 }
 
-Status DeviceGroup::check_device(const std::vector<ArrayRef> &) const {
+Status check_on_device(const std::vector<ArrayRef> &, int) {
   return unavailable();
 }
+
+int DeviceGroup::device() const { return -1; }
 
 Status DeviceGroup::create_engine(CudaStream, size_t, std::vector<Bucket>, int,
                                   std::unique_ptr<Engine> *) {

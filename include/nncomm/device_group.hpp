@@ -24,6 +24,12 @@
 
 namespace nncomm {
 
+// Refuses `arrays` unless each is device memory of CUDA device `device`
+// (-1: of the first that has memory's device), naming the array's address
+// and both devices; arrays of no elements are passed over (CuPy gives them
+// address 0).
+Status check_on_device(const std::vector<ArrayRef> &arrays, int device);
+
 class DeviceGroup {
 public:
   // Over `group`'s ranks, on the device holding `on` (device memory).
@@ -42,12 +48,14 @@ public:
   // their hosts have more; empty otherwise.
   const std::string &advice() const;
 
-  // Refuses `arrays` unless each is device memory of the group's device
-  // (the one its first GPU collective was on): ordered with another
-  // device's streams, the group would read them while they are written.
-  // Every collective below checks its arrays; the engine's caller checks
-  // its gradients.
-  Status check_device(const std::vector<ArrayRef> &arrays) const;
+  // check_on_device of the group's device (the one its first GPU
+  // collective was on): ordered with another device's streams, the group
+  // would read arrays elsewhere while they are written. Every collective
+  // below checks its arrays; the engine's caller checks its gradients.
+  Status check_device(const std::vector<ArrayRef> &arrays) const {
+    return check_on_device(arrays, device());
+  }
+  int device() const;
 
   // An engine thread (engine.hpp) reducing `plan`'s buckets of
   // `num_tensors` gradients in the group's device memory, which the

@@ -304,6 +304,67 @@ TEST(reduce_list_to_each_root) {
   }
 }
 
+namespace {
+
+// Host memory that, as a device's, cannot scale float64 messages: pack and
+// unpack refuse to, so the collectives must leave it to the transport.
+class NoFloat64Scaling : public HostArrays {
+public:
+  bool scales(DType wire) const override { return wire != DType::kFloat64; }
+  Status pack(const PackTable &table, void *message, DType wire,
+              float scale) override {
+    if (wire == DType::kFloat64 && scale != 1.0f)
+      return Status::InvalidArgument("float64 scaled while packing");
+    return HostArrays::pack(table, message, wire, scale);
+  }
+  Status unpack(const PackTable &table, const void *message, DType wire,
+                int divisor) override {
+    if (wire == DType::kFloat64 && divisor != 1)
+      return Status::InvalidArgument("float64 divided while unpacking");
+    return HostArrays::unpack(table, message, wire, divisor);
+  }
+};
+
+} // namespace
+
+TEST(list_collectives_leave_scaling_to_the_transport_where_memory_cannot) {
+  std::mt19937_64 rng(8);
+  const std::vector<Spec> specs = {{DType::kFloat64, 17},
+                                   {DType::kFloat32, 9},
+                                   {DType::kFloat64, 5},
+                                   {DType::kFloat64,
+                                    direct_count(DType::kFloat64) + 1}};
+  for (int size : {2, 3, 4}) {
+    std::vector<Arrays> before;
+    for (int r = 0; r < size; ++r)
+      before.push_back(random_arrays(specs, rng));
+    std::vector<Arrays> summed = before, rooted = before;
+    const int root = 1;
+    FakeWorld world(size);
+    run_ranks(size, [&](int rank) {
+      auto transport = world.transport(rank);
+      NoFloat64Scaling memory;
+      std::vector<ArrayRef> list = refs(summed[rank], specs);
+      CHECK_OK(all_reduce_list(*transport, memory, list, true, 0.5f, true,
+                               Materializer{nullptr, nullptr}));
+      CHECK_OK(reduce_list(*transport, memory, refs(rooted[rank], specs),
+                           root, true, true));
+    });
+    for (size_t i = 0; i < specs.size(); ++i) {
+      std::vector<const Array *> shares;
+      for (const Arrays &a : before)
+        shares.push_back(&*a[i]);
+      const DType dt = specs[i].dtype;
+      const Array mean = reduced(shares, dt, 0.5f, size, dt);
+      const Array root_mean = reduced(shares, dt, 1.0f, size, dt);
+      for (int r = 0; r < size; ++r) {
+        CHECK_SAME(*summed[r][i], mean);
+        CHECK_SAME(*rooted[r][i], r == root ? root_mean : *before[r][i]);
+      }
+    }
+  }
+}
+
 TEST(bcast_list_from_each_root) {
   std::mt19937_64 rng(5);
   const std::vector<Spec> specs = {{DType::kInt64, 3},
