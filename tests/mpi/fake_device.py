@@ -71,12 +71,15 @@ class FakeCupy:
         return self._staging[nbytes]
 
     def empty(self, shape, dtype, device=None):
+        """An array of no elements at address 0, as CuPy makes one."""
         device = self.device if device is None else device
         shape = (shape,) if np.isscalar(shape) else tuple(shape)
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if nbytes == 0:
+            return FakeArray(self.rt, 0, shape, dtype, device)
         self._call("cudaSetDevice", device)
         p = ctypes.c_void_p()
-        self._call("cudaMalloc", ctypes.byref(p), max(nbytes, 1))
+        self._call("cudaMalloc", ctypes.byref(p), nbytes)
         return FakeArray(self.rt, p.value, shape, dtype, device)
 
     def write(self, x, values):
@@ -84,6 +87,8 @@ class FakeCupy:
         kernel of the compute stream would write them."""
         values = np.ascontiguousarray(values, x.dtype)
         assert values.nbytes == x.nbytes
+        if x.nbytes == 0:
+            return
         self._call("cudaSetDevice", x.device)
         pinned = self._pinned(x.nbytes)
         # The copy before from this buffer must be done with it.
@@ -99,6 +104,8 @@ class FakeCupy:
         return x
 
     def asnumpy(self, x):
+        if x.nbytes == 0:
+            return np.empty(x.shape, x.dtype)
         self._call("cudaSetDevice", x.device)
         pinned = self._pinned(x.nbytes)
         self._call("cudaMemcpyAsync", pinned, x.ptr, x.nbytes,

@@ -282,6 +282,13 @@ else:  # MODE == "emulated"
     check(comm.transport == os.environ.get("NNCOMM_GPU_TRANSPORT", "mpi"),
           f"transport {comm.transport}")
 
+    # Arrays of no elements (address 0, as CuPy gives them) first in a
+    # list: passed over, the others reduced.
+    arrays = [xp.zeros(0, np.float32), xp.asarray(np.ones(3, np.float32))]
+    comm.all_reduce(arrays, division=True)
+    check(np.array_equal(xp.asnumpy(arrays[1]), np.ones(3, np.float32)),
+          "all_reduce with an empty array first")
+
     # The engine on device gradients equals a plain all_reduce, bitwise:
     # each gradient written by work enqueued on the legacy stream (which
     # the fake runs late) and made ready at once, in backward's order;
