@@ -221,7 +221,18 @@ Status DeviceGroup::ordered(CudaStream compute, const char *name,
                             const Sent &sent,
                             const std::vector<ArrayRef> &arrays,
                             Collective collective) {
-  NNCOMM_RETURN_IF_ERROR(check_device(arrays));
+  const Status placed = check_device(arrays);
+  if (!placed.ok()) {
+    // The other ranks may be making this call: comparing one that no rank
+    // makes tells them, at once or at their wait's next look, that this
+    // rank will not, so that they raise instead of waiting for it. Where
+    // every rank refuses alike, the comparison passes and all go on. This
+    // rank's error is its refusal, whatever the comparison found.
+    CollectiveQueue::Turn turn(state_->queue);
+    (void)state_->transport->check_call(
+        Fingerprint().add("a GPU call refused on this rank").value(), true);
+    return placed;
+  }
   CollectiveQueue::Turn turn(state_->queue);
   NNCOMM_RETURN_IF_ERROR(turn.status());
   CollectiveSpan traced(name, state_->group.name(), sent);

@@ -10,13 +10,14 @@ one that runs (no NCCL is loaded here); NCCL's host logic is tested by
 test_gpu_path_emulated.py."""
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-from launcher import RANK_COUNTS, WORKERS, run_worker
+from launcher import RANK_COUNTS, WORKERS, run_job, run_worker
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,3 +48,25 @@ def test_collectives_and_engine_through_python(fake_cuda_package, n):
         "PYTHONPATH": os.pathsep.join([fake_cuda_package, WORKERS]),
         "NNCOMM_GPU_TRANSPORT": "mpi"})
     assert f"checks passed on {n} ranks" in out
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_refusal_on_one_rank_ends_the_call_on_every_rank(
+        fake_cuda_package, n):
+    # Rank 0 refuses an array on the wrong device; the others, already in
+    # the all_reduce, raise within seconds (their wait's next look) rather
+    # than at NNCOMM_TIMEOUT. The communicator is then broken: the job
+    # ends at exit.
+    _, out, err, _ = run_job("gpu_arrays", n, ["one_rank_refused"],
+                             timeout=120, env={
+        "PYTHONPATH": os.pathsep.join([fake_cuda_package, WORKERS]),
+        "NNCOMM_GPU_TRANSPORT": "mpi", "NNCOMM_TIMEOUT": "100"})
+    # mpiexec may join two ranks' lines.
+    found = re.findall(r"rank (\d+) raised after ([\d.]+) s: "
+                       r"(.*?)(?=rank \d+ raised after|$)", out, re.MULTILINE)
+    raised = {int(rank): message for rank, _, message in found}
+    assert sorted(raised) == list(range(n)), out + err
+    assert "is on CUDA device 1" in raised[0], raised
+    for r in range(1, n):
+        assert "make different calls" in raised[r], raised
+    assert all(float(seconds) < 30 for _, seconds, _ in found), out

@@ -16,10 +16,14 @@ NNCOMM_FAKE_CUDA=1; tests/test_gpu_python_emulated.py): the same
 collectives on the fake's device memory (fake_device.py), and the engine,
 wire dtypes, float64 and device checks, through the Python layer.
 
+MODE one_rank_refused (the same build): rank 0 alone passes an array on
+another device; every rank prints what it raised, and how soon.
+
 Prints "gpu_arrays: N checks passed on R ranks" from rank 0.
 """
 import os
 import sys
+import time
 import types
 import warnings
 
@@ -273,6 +277,24 @@ elif MODE == "cupy":
                           f"iteration {it} [{k}]")
             stream.synchronize()
 
+elif MODE == "one_rank_refused":
+    # Only rank 0 passes an array on the other fake device: it raises, and
+    # the others learn that it will not make the call instead of waiting.
+    from fake_device import FakeCupy
+    from nncomm import _nncomm
+
+    xp = FakeCupy(_nncomm.__file__, RANK % 2, RANK + 1)
+    x = xp.asarray(np.ones(3, np.float32))
+    comm.all_reduce(x)
+    bad = xp.asarray(np.ones(3, np.float32), device=1 - RANK % 2) \
+        if RANK == 0 else x
+    start = time.monotonic()
+    try:
+        comm.all_reduce(bad)
+    except Exception as e:  # noqa: BLE001 (each rank reports what it got)
+        print(f"rank {RANK} raised after {time.monotonic() - start:.1f} s: "
+              f"{type(e).__name__}: {e}", flush=True)
+    checks += 1
 else:  # MODE == "emulated"
     from fake_device import FakeCupy
     from nncomm import _nncomm
