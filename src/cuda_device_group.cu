@@ -32,13 +32,14 @@ uint64_t host_identity() {
   return Fingerprint().add(host).value();
 }
 
-// The same on two ranks only if they use the same device of the same host.
-Status device_identity(uint64_t *identity) {
+// The same on two ranks only if they use the same device of the same host
+// (`host`, its host_identity()).
+Status device_identity(uint64_t host, uint64_t *identity) {
   int device = 0;
   NNCOMM_CUDA_CALL(cudaGetDevice, &device);
   char bus[64] = {0};
   NNCOMM_CUDA_CALL(cudaDeviceGetPCIBusId, bus, sizeof bus - 1, device);
-  *identity = Fingerprint().add(host_identity()).add(bus).value();
+  *identity = Fingerprint().add(host).add(bus).value();
   return Status::Ok();
 }
 
@@ -148,17 +149,18 @@ Status DeviceGroup::Create(Group &group, const void *on,
   Status loaded = Status::RuntimeError("NNCOMM_GPU_TRANSPORT=mpi");
   if (choice != config::GpuTransport::kMpi)
     loaded = load_nccl(config::nccl_library(), &api);
+  const uint64_t machine = host_identity();
   uint64_t identity = 0;
   Status here = cuda_use_device_of(on);
   if (here.ok())
-    here = device_identity(&identity);
+    here = device_identity(machine, &identity);
   // Every rank decides from what every rank found, so all decide alike,
   // and all fail where one cannot go on.
   int64_t mine[kFields];
   mine[kDevice] = static_cast<int64_t>(identity);
   mine[kNccl] = loaded.ok() ? 1 : 0;
   mine[kHasDevice] = here.ok() ? 1 : 0;
-  mine[kHost] = static_cast<int64_t>(host_identity());
+  mine[kHost] = static_cast<int64_t>(machine);
   const int size = host->size();
   std::vector<int64_t> all(kFields * size);
   NNCOMM_RETURN_IF_ERROR(

@@ -463,6 +463,19 @@ void check_lists(DeviceTransport &t, ArrayMemory &memory) {
     expect(parts[r]->read(), head(r), "all_gatherv block " + std::to_string(r));
 }
 
+// The group's engine over `tensors` gradients planned as `plan`, computed
+// on the legacy default stream (as nnabla-ext-cuda does), its buffer
+// prepared.
+std::unique_ptr<Engine> engine_of(DeviceGroup &devices, size_t tensors,
+                                  std::vector<Bucket> plan) {
+  std::unique_ptr<Engine> engine;
+  ok(devices.create_engine(cudaStreamLegacy, tensors, std::move(plan), 20,
+                           &engine),
+     "DeviceGroup::create_engine");
+  ok(engine->prepare(), "Engine::prepare");
+  return engine;
+}
+
 // The group's engine (what all_reduce_callback and gradient_reducer run
 // on GPU gradients): gradients `a` and `b` written on the legacy default
 // stream, as nnabla-ext-cuda computes, and made ready at once; once
@@ -471,10 +484,7 @@ void check_engine(DeviceGroup &devices, DeviceArray &a, DeviceArray &b) {
   std::vector<TensorSpec> specs = {{a.n, a.dt}, {b.n, b.dt}};
   std::vector<Bucket> plan = plan_buckets(specs, {1, 0}, 700, false,
                                           DType::kFloat32, 4 * 2000);
-  std::unique_ptr<Engine> engine;
-  ok(devices.create_engine(cudaStreamLegacy, 2, plan, 20, &engine),
-     "DeviceGroup::create_engine");
-  ok(engine->prepare(), "Engine::prepare");
+  std::unique_ptr<Engine> engine = engine_of(devices, 2, plan);
   for (int k = 0; k < 3; ++k) {
     std::vector<double> va(a.n), vb(b.n), sa(a.n, 0.0), sb(b.n, 0.0);
     for (size_t i = 0; i < a.n; ++i) {
@@ -513,10 +523,7 @@ void check_engine_scaled_half(DeviceGroup &devices) {
       plan_buckets(specs, {0}, 8000, true, DType::kFloat32, 8000);
   if (plan.size() != 1 || !plan[0].direct)
     fail("the float16 gradient should go direct");
-  std::unique_ptr<Engine> engine;
-  ok(devices.create_engine(cudaStreamLegacy, 1, plan, 20, &engine),
-     "DeviceGroup::create_engine of float16");
-  ok(engine->prepare(), "Engine::prepare");
+  std::unique_ptr<Engine> engine = engine_of(devices, 1, plan);
   const auto k = [](int r, size_t i) { return (i * 7 + r * 13) % 500 + 1; };
   std::vector<double> mine(n), want(n);
   for (size_t i = 0; i < n; ++i) {
@@ -594,13 +601,9 @@ void check_float64(DeviceGroup &devices) {
 
   std::vector<TensorSpec> specs = {{small, DType::kFloat64},
                                    {large, DType::kFloat64}};
-  std::unique_ptr<Engine> engine;
-  ok(devices.create_engine(
-         cudaStreamLegacy, 2,
-         plan_buckets(specs, {1, 0}, 700, true, DType::kFloat32, 4 * 2000),
-         20, &engine),
-     "DeviceGroup::create_engine of float64");
-  ok(engine->prepare(), "Engine::prepare");
+  std::unique_ptr<Engine> engine = engine_of(
+      devices, 2,
+      plan_buckets(specs, {1, 0}, 700, true, DType::kFloat32, 4 * 2000));
   for (int k = 0; k < 2; ++k) {
     ok(engine->begin(0.5f, ranks), "Engine::begin");
     y.write(vy);
