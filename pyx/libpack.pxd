@@ -17,8 +17,6 @@ cdef extern from "nncomm/pack.hpp" namespace "nncomm" nogil:
         size_t offset
         size_t count
 
-    const size_t kPackTileElements
-
     struct PackEntry:
         uint64_t address
         uint64_t bucket_offset
@@ -28,7 +26,6 @@ cdef extern from "nncomm/pack.hpp" namespace "nncomm" nogil:
     cdef cppclass PackTable:
         vector[PackEntry] entries
         size_t count
-        size_t tiles
 
     Status build_pack_table(const PackSegment* segments, size_t n, DType wire,
                             PackTable* table)
@@ -42,6 +39,7 @@ cdef extern from "nncomm/cuda_pack.hpp" namespace "nncomm" nogil:
     ctypedef void* CudaStream
     ctypedef void* CudaEvent
 
+    const size_t kPackTileBytes
     bool cuda_packing_built()
     const size_t kDefaultMaxTables "nncomm::CudaPacker::kDefaultMaxTables"
 

@@ -57,8 +57,10 @@ import numpy as np
 include "errors.pxi"
 include "addresses.pxi"
 
-TILE_ELEMENTS = kPackTileElements
-"""int: elements one CUDA block moves (each segment gets whole tiles)."""
+TILE_BYTES = kPackTileBytes
+"""int: bytes of a segment's wider side (its dtype or the wire's) that one
+block of the CUDA kernel moves: each segment gets whole tiles of
+``TILE_BYTES // max(itemsize, wire itemsize)`` elements."""
 
 cuda_built = cuda_packing_built()
 """bool: whether this build has the CUDA kernels (nvcc at build time)."""

@@ -20,16 +20,31 @@ namespace nncomm {
 namespace {
 
 constexpr int kThreads = 256;
-static_assert(kPackTileElements % (kThreads * 8) == 0,
-              "a tile is whole vectors for every thread");
+static_assert(kPackTileBytes % (16 * kThreads) == 0,
+              "a full tile is whole vectors for every thread");
 
-__global__ void __launch_bounds__(kThreads, 4)
-    pack_kernel(const PackEntry *table, size_t rows, char *bucket, DType wire,
-                bool packing, Scaling s, bool copy) {
-  move_bucket_tile(table, rows, bucket, wire, packing, s, copy, blockIdx.x,
-                   Lane{threadIdx.x, blockDim.x});
+// Blocks a multiprocessor should hold of the word-copy kernel: as many as
+// fit (its loads in flight are what keeps DRAM busy), which 32 registers a
+// thread allow without spilling.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+constexpr int kWordBlocks = 1024 / kThreads; // Turing's threads per SM
+#else
+constexpr int kWordBlocks = 2048 / kThreads;
+#endif
+
+// Block b moves tile b. kWords: every row travels as itself
+// (moves_words), so the conversions are left out of the kernel.
+template <bool kWords>
+__global__ void __launch_bounds__(kThreads, kWords ? kWordBlocks : 4)
+    pack_kernel(const PackEntry *__restrict__ table, size_t rows, char *bucket,
+                DType wire, bool packing, Scaling s, bool copy) {
+  const Lane lane{threadIdx.x, blockDim.x};
+  if constexpr (kWords)
+    copy_bucket_tile(table, rows, bucket, wire, packing, blockIdx.x, lane);
+  else
+    move_bucket_tile(table, rows, bucket, wire, packing, s, copy, blockIdx.x,
+                     lane);
 }
-
 
 // One table in device memory, and the pinned host buffer it is uploaded
 // from.
@@ -103,6 +118,7 @@ struct CudaPacker::Device {
   size_t max_tables = 0;
   std::mutex mutex; // one launch at a time: the slots are shared state
   std::vector<TableSlot> slots;
+  std::vector<PackEntry> tiled; // the launch's rows, tiles numbered
   uint64_t uses = 0;
   // After the last work enqueued (an upload or a kernel); every launch
   // waits for it, so all run in the order they were issued.
@@ -209,14 +225,17 @@ Status CudaPacker::launch(const PackTable &table, const void *bucket,
     }
   }
   NNCOMM_RETURN_IF_ERROR(check_bucket_address(bucket, table.count, wire));
-  if (table.tiles > static_cast<size_t>(INT_MAX)) {
-    return Status::InvalidArgument("bucket too large for one launch (" +
-                                   std::to_string(table.count) + " elements)");
-  }
   if (table.entries.empty())
     return Status::Ok();
 
   std::lock_guard<std::mutex> lock(device_->mutex);
+  std::vector<PackEntry> &rows = device_->tiled;
+  rows.assign(table.entries.begin(), table.entries.end());
+  const uint64_t tiles = assign_tiles(rows.data(), rows.size(), wire);
+  if (tiles > static_cast<uint64_t>(INT_MAX)) {
+    return Status::InvalidArgument("bucket too large for one launch (" +
+                                   std::to_string(table.count) + " elements)");
+  }
   DeviceScope scope;
   NNCOMM_RETURN_IF_ERROR(scope.enter(device_->ordinal));
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -233,17 +252,20 @@ Status CudaPacker::launch(const PackTable &table, const void *bucket,
   // One packer's work runs in the order it was issued, whatever the
   // streams, so a table is never rewritten under a kernel still reading it.
   NNCOMM_CUDA_CALL(cudaStreamWaitEvent, s, device_->last_work, 0);
-  const PackEntry *rows = nullptr;
-  NNCOMM_RETURN_IF_ERROR(device_->table_for(table.entries, s, &rows));
+  const PackEntry *on_device = nullptr;
+  NNCOMM_RETURN_IF_ERROR(device_->table_for(rows, s, &on_device));
 
-  size_t count = table.entries.size();
+  size_t count = rows.size();
   char *out = const_cast<char *>(static_cast<const char *>(bucket));
   Scaling scaling = make_scaling(scale, divisor);
   bool copy = scale == 1.0f && divisor == 1;
-  void *args[] = {&rows, &count, &out, &wire, &packing, &scaling, &copy};
-  NNCOMM_CUDA_CALL(cudaLaunchKernel,
-                   reinterpret_cast<const void *>(&pack_kernel),
-                   dim3(static_cast<unsigned>(table.tiles)), dim3(kThreads),
+  void *args[] = {&on_device, &count, &out, &wire, &packing, &scaling, &copy};
+  const void *kernel =
+      moves_words(rows.data(), rows.size(), wire, copy)
+          ? reinterpret_cast<const void *>(&pack_kernel<true>)
+          : reinterpret_cast<const void *>(&pack_kernel<false>);
+  NNCOMM_CUDA_CALL(cudaLaunchKernel, kernel,
+                   dim3(static_cast<unsigned>(tiles)), dim3(kThreads),
                    args, size_t(0), s);
   NNCOMM_CUDA_CALL(cudaEventRecord, device_->last_work, s);
   return Status::Ok();

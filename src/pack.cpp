@@ -45,7 +45,6 @@ Status build_pack_table(const PackSegment *segments, size_t n, DType wire,
     return Status::InvalidArgument("unknown wire dtype");
   table->entries.clear();
   table->count = 0;
-  table->tiles = 0;
   for (size_t i = 0; i < n; ++i) {
     const PackSegment &s = segments[i];
     if (!known(s.dtype))
@@ -66,13 +65,11 @@ Status build_pack_table(const PackSegment *segments, size_t n, DType wire,
     e.address = address == 0 ? 0 : address + s.offset * dtype_size(s.dtype);
     e.bucket_offset = table->count;
     e.count = s.count;
-    e.first_tile = table->tiles;
+    e.first_tile = 0;
     e.dtype = static_cast<int32_t>(s.dtype);
     e.reserved = 0;
     table->entries.push_back(e);
     table->count += s.count;
-    table->tiles += s.count / kPackTileElements +
-                    (s.count % kPackTileElements != 0 ? 1 : 0);
   }
   return Status::Ok();
 }

@@ -31,7 +31,9 @@ if not packing.cuda_built:
                 allow_module_level=True)
 
 DEVICE = ["float32", "float16", "bfloat16"]
-TILE = packing.TILE_ELEMENTS
+# Elements per tile of rows with a float32 side, and of 16-bit rows in a
+# 16-bit bucket.
+TILE4, TILE2 = packing.TILE_BYTES // 4, packing.TILE_BYTES // 2
 
 
 # --- values ------------------------------------------------------------------
@@ -189,8 +191,8 @@ def test_mixed_dtypes_in_one_bucket(packer, wire):
 
 
 ODD_SIZES = sorted({1, 2, 3, 5, 7, 8, 9, 15, 17, 31, 33, 127, 129, 1023,
-                    4097, 65537, TILE - 1, TILE, TILE + 1, 3 * TILE + 5,
-                    (1 << 20) + 3} - {0})  # TILE - 1 is 0 if TILE is 1
+                    4097, 65537, TILE4 - 1, TILE4, TILE4 + 1, 3 * TILE4 + 5,
+                    TILE2 - 1, TILE2 + 1, 2 * TILE2 + 3, (1 << 20) + 3})
 
 
 @pytest.mark.parametrize("wire", DEVICE)

@@ -125,7 +125,7 @@ def check_unpack(specs, bucket, wire, scale=1.0, divisor=1):
 # --- the module --------------------------------------------------------------
 
 def test_module_attributes():
-    assert isinstance(packing.TILE_ELEMENTS, int) and packing.TILE_ELEMENTS > 0
+    assert isinstance(packing.TILE_BYTES, int) and packing.TILE_BYTES % 16 == 0
     assert isinstance(packing.cuda_built, bool)
 
 

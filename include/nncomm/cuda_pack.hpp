@@ -15,7 +15,16 @@
 #include "nncomm/pack.hpp"
 #include "nncomm/status.hpp"
 
+// Bytes of a row's wider side (its dtype or the wire's) that one block of
+// the packing kernel moves: a tile (pack_tile.cuh). bench/pack_sweep.sh
+// builds with other values.
+#ifndef NNCOMM_PACK_TILE_BYTES
+#define NNCOMM_PACK_TILE_BYTES 65536
+#endif
+
 namespace nncomm {
+
+constexpr size_t kPackTileBytes = NNCOMM_PACK_TILE_BYTES;
 
 using CudaStream = void *; // cudaStream_t; nullptr is the legacy default
 using CudaEvent = void *;  // cudaEvent_t; nullptr waits for nothing

@@ -27,17 +27,13 @@ struct PackSegment {
   size_t count;
 };
 
-// Elements one CUDA block moves: the table assigns each segment whole tiles,
-// so a block never looks past its own segment.
-constexpr size_t kPackTileElements = 4096;
-
 // One row per non-empty segment, fixed-width so that it can be copied to a
 // device as it is.
 struct PackEntry {
   uint64_t address;       // the segment's first element; 0 for zeros
   uint64_t bucket_offset; // in elements of the wire dtype
   uint64_t count;
-  uint64_t first_tile; // tiles of earlier rows
+  uint64_t first_tile; // tiles of earlier rows: the CUDA packer's, 0 here
   int32_t dtype;       // DType of the tensor
   int32_t reserved;    // keeps the row 8-byte aligned; always 0
 };
@@ -45,7 +41,6 @@ struct PackEntry {
 struct PackTable {
   std::vector<PackEntry> entries;
   size_t count = 0; // elements in the bucket
-  size_t tiles = 0; // kPackTileElements-sized tiles over all rows
 };
 
 // Lays out `n` segments end to end in a bucket of `wire`, in their order.

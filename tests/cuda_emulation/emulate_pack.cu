@@ -32,16 +32,25 @@ constexpr unsigned kThreads[] = {256, 96, 32, 1};
 constexpr DType kDevice[] = {DType::kFloat32, DType::kFloat16,
                              DType::kBFloat16};
 
-// Every tile of the bucket, every thread of each tile.
+// Every tile of the bucket, every thread of each tile, of the kernel the
+// packer would launch (the word copy where every row travels as itself).
 void run_kernel(const PackTable &t, void *bucket, DType wire, bool packing,
                 float scale, int divisor, unsigned threads) {
   const Scaling s = make_scaling(scale, divisor);
   const bool copy = scale == 1.0f && divisor == 1;
-  for (uint64_t tile = 0; tile < t.tiles; ++tile) {
+  std::vector<PackEntry> rows = t.entries;
+  const uint64_t tiles = assign_tiles(rows.data(), rows.size(), wire);
+  const bool words = moves_words(rows.data(), rows.size(), wire, copy);
+  char *b = static_cast<char *>(bucket);
+  for (uint64_t tile = 0; tile < tiles; ++tile) {
     for (unsigned thread = 0; thread < threads; ++thread) {
-      move_bucket_tile(t.entries.data(), t.entries.size(),
-                       static_cast<char *>(bucket), wire, packing, s, copy,
-                       tile, Lane{thread, threads});
+      const Lane lane{thread, threads};
+      if (words)
+        copy_bucket_tile(rows.data(), rows.size(), b, wire, packing, tile,
+                         lane);
+      else
+        move_bucket_tile(rows.data(), rows.size(), b, wire, packing, s, copy,
+                         tile, lane);
     }
   }
 }
@@ -67,19 +76,28 @@ bool run_case(int c, std::mt19937_64 &rng) {
   const DType wire = kDevice[pick(3)];
   const float scales[] = {1.0f, 0.5f, 3.0f, -1.25f, 0.1f};
   const int divisors[] = {1, 2, 3, 7, 8};
-  const float scale = scales[pick(5)];
-  const int divisor = divisors[pick(5)];
+  // A quarter of the buckets travel as themselves: the word-copy kernel's.
+  const bool as_is = pick(4) == 0;
+  const float scale = as_is ? 1.0f : scales[pick(5)];
+  const int divisor = as_is ? 1 : divisors[pick(5)];
   const unsigned threads = kThreads[pick(4)];
-  const size_t sizes[] = {1, 3, 7, 8, 9, 31, 4095, 4096, 4097, 8195, 12289};
+  // Around vector widths and the tiles of rows with a float32 side (t4) and
+  // of 16-bit rows in a 16-bit bucket (t2).
+  const size_t t4 = kPackTileBytes / 4, t2 = kPackTileBytes / 2;
+  const size_t sizes[] = {1,      3,      7,      8,          9,
+                          31,     t4 - 1, t4,     t4 + 1,     t2 - 1,
+                          t2 + 1, 2 * t2, 3 * t4 + 5};
+  constexpr size_t kSizes = sizeof sizes / sizeof sizes[0];
 
   // Tensors, each cut into a few segments (a split tensor), some of them
   // with address 0.
   std::vector<Tensor> tensors(1 + pick(6));
   std::vector<PackSegment> host_segments, emul_segments;
   for (Tensor &t : tensors) {
-    t.dtype = kDevice[pick(3)];
+    t.dtype = as_is ? wire : kDevice[pick(3)];
     t.shift = pick(9);
-    const size_t count = pick(4) == 0 ? 1 + pick(40000) : sizes[pick(11)];
+    const size_t count =
+        pick(4) == 0 ? 1 + pick(3 * t2) : sizes[pick(kSizes)];
     t.host.resize((t.shift + count) * dtype_size(t.dtype));
     fill_random(t.host.data(), t.host.size(), t.dtype, rng);
     t.emul = t.host;

@@ -37,9 +37,13 @@
 namespace {
 
 constexpr int kDevices = 2;
-constexpr const char *kPackKernel =
-    "nncomm::(anonymous namespace)::pack_kernel(nncomm::PackEntry const*, "
-    "unsigned long, char*, nncomm::DType, bool, nncomm::Scaling, bool)";
+// The packer's two kernels: the general one and the word copy.
+std::string pack_kernel_name(bool words) {
+  return std::string("void nncomm::(anonymous namespace)::pack_kernel<") +
+         (words ? "true" : "false") +
+         ">(nncomm::PackEntry const*, unsigned long, char*, nncomm::DType, "
+         "bool, nncomm::Scaling, bool)";
+}
 
 struct Op {
   std::vector<std::shared_ptr<Op>> after;
@@ -226,15 +230,15 @@ std::string demangle(const std::string &name) {
 // What one launch of the packing kernel does, run when its turn comes:
 // every block, every thread, after checking that each row's tensor and the
 // bucket are device memory of the launching device.
-void run_pack_kernel(int device, dim3 grid, dim3 block,
+void run_pack_kernel(int device, bool words, dim3 grid, dim3 block,
                      const nncomm::PackEntry *table, size_t rows, char *bucket,
                      nncomm::DType wire, bool packing, nncomm::Scaling s,
                      bool copy) {
   Runtime &r = rt();
+  if (words && !nncomm::moves_words(table, rows, wire, copy))
+    violation("the word-copy pack_kernel launched for rows that convert");
   const nncomm::PackEntry &last = table[rows - 1];
-  const uint64_t tiles =
-      last.first_tile +
-      (last.count + nncomm::kPackTileElements - 1) / nncomm::kPackTileElements;
+  const uint64_t tiles = last.first_tile + nncomm::row_tiles(last, wire);
   if (grid.x != tiles) {
     violation("pack_kernel launched with " + std::to_string(grid.x) +
               " blocks for a table of " + std::to_string(tiles) + " tiles");
@@ -257,8 +261,12 @@ void run_pack_kernel(int device, dim3 grid, dim3 block,
   }
   for (unsigned b = 0; b < grid.x; ++b) {
     for (unsigned t = 0; t < block.x; ++t) {
-      nncomm::move_bucket_tile(table, rows, bucket, wire, packing, s, copy, b,
-                               nncomm::Lane{t, block.x});
+      const nncomm::Lane lane{t, block.x};
+      if (words)
+        nncomm::copy_bucket_tile(table, rows, bucket, wire, packing, b, lane);
+      else
+        nncomm::move_bucket_tile(table, rows, bucket, wire, packing, s, copy,
+                                 b, lane);
     }
   }
 }
@@ -557,9 +565,11 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block,
   auto it = r.kernels.find(func);
   if (it == r.kernels.end())
     violation("cudaLaunchKernel of a function never registered");
-  if (demangle(it->second) != kPackKernel)
-    violation("the fake runs " + std::string(kPackKernel) + " only, not " +
-              demangle(it->second));
+  const std::string name = demangle(it->second);
+  const bool words = name == pack_kernel_name(true);
+  if (!words && name != pack_kernel_name(false))
+    violation("the fake runs nncomm's pack_kernel<false> and <true> only, "
+              "not " + name);
   if (grid.x == 0 || grid.y != 1 || grid.z != 1 || block.x == 0 ||
       block.x > 1024 || block.y != 1 || block.z != 1 || shared != 0)
     return cudaErrorInvalidValue;
@@ -581,8 +591,8 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block,
   const int device = s->device;
   OpPtr op = std::make_shared<Op>();
   op->work = [=] {
-    run_pack_kernel(device, grid, block, table, rows, bucket, wire, packing,
-                    scaling, copy);
+    run_pack_kernel(device, words, grid, block, table, rows, bucket, wire,
+                    packing, scaling, copy);
   };
   op->uses = {table_allocation};
   r.enqueue(s, op);
