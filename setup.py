@@ -27,6 +27,7 @@ of tests/cuda_emulation (two emulated devices) in place of CUDA's, so that
 the Python layer's GPU path runs where there is no GPU
 (tests/test_gpu_python_emulated.py builds such a copy apart).
 """
+import concurrent.futures
 import glob
 import os
 import re
@@ -142,23 +143,58 @@ DEPENDS = sorted(glob.glob("include/nncomm/*.hpp") + glob.glob("src/*.cuh")
                  + glob.glob("src/*.cu"))
 
 
+def in_parallel(jobs, function, items):
+    """function(item) for each item, `jobs` at a time; the first error
+    raised."""
+    with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
+        return list(pool.map(function, items))
+
+
 class BuildExt(build_ext):
     """build_ext that first compiles an extension's .cu sources with nvcc
-    into objects it links (setuptools knows no .cu)."""
+    into objects it links (setuptools knows no .cu), and compiles an
+    extension's sources `-j` at a time (setuptools' -j only builds whole
+    extensions side by side, and the communicator is one extension of
+    some thirty sources)."""
+
+    def jobs(self):
+        if isinstance(self.parallel, int):
+            return self.parallel
+        return os.cpu_count() or 1
+
+    def build_extensions(self):
+        serial = self.compiler.compile
+
+        def compile(sources, output_dir=None, macros=None, include_dirs=None,
+                    debug=0, extra_preargs=None, extra_postargs=None,
+                    depends=None):
+            if len(sources) < 2 or self.jobs() < 2:
+                return serial(sources, output_dir, macros, include_dirs,
+                              debug, extra_preargs, extra_postargs, depends)
+            return sum(in_parallel(self.jobs(), lambda s: serial(
+                [s], output_dir, macros, include_dirs, debug, extra_preargs,
+                extra_postargs, depends), sources), [])
+
+        self.compiler.compile = compile
+        super().build_extensions()
 
     def build_extension(self, ext):
         if ext.name in CUDA_SOURCES:
             nvcc, cuda_sources = CUDA_SOURCES[ext.name]
             temp = os.path.join(self.build_temp, ext.name)
             os.makedirs(temp, exist_ok=True)
-            for source in cuda_sources:
+
+            def compile_cuda(source):
                 obj = os.path.join(temp, os.path.basename(source) + ".o")
                 command = [nvcc, "-c", source, "-o", obj, "-std=c++17", "-O3",
                            "-Xcompiler", "-fPIC,-Wall"] + \
                     [f"-I{d}" for d in ext.include_dirs] + gencode_flags()
                 print(" ".join(command))
                 subprocess.check_call(command)
-                ext.extra_objects.append(obj)
+                return obj
+
+            ext.extra_objects.extend(
+                in_parallel(self.jobs(), compile_cuda, cuda_sources))
         super().build_extension(ext)
 
 
