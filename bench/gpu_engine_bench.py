@@ -36,9 +36,7 @@ rank 0, the slowest rank's for each iteration.
 """
 import argparse
 import os
-import statistics
 import sys
-import time
 import types
 
 import cupy as cp
@@ -46,25 +44,17 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_timing import median, take_turns, timed, world  # noqa: E402
 from pack_bench import gpu_info, resnet50_shapes  # noqa: E402
 
 import nncomm  # noqa: E402
 
-world = MPI.COMM_WORLD
 GOAL_OVERLAP = 1.1
 GOAL_STAGED = 1.2
 
 
-def slowest(seconds):
-    return world.allreduce(seconds, op=MPI.MAX)
-
-
-def timed(run):
-    world.Barrier()
-    start = time.perf_counter()
-    run()
+def synchronize():
     cp.cuda.Device().synchronize()
-    return slowest(time.perf_counter() - start)
 
 
 class Backward:
@@ -87,22 +77,6 @@ class Backward:
                     ready(k)
 
 
-def median(xs):
-    return statistics.median(xs)
-
-
-def take_turns(methods, args):
-    """Each method's median time, the methods taking turns iteration by
-    iteration."""
-    times = {name: [] for name in methods}
-    for i in range(args.warmup + args.iters):
-        for name, run in methods.items():
-            t = timed(run)
-            if i >= args.warmup:
-                times[name].append(t)
-    return {name: median(ts) for name, ts in times.items()}
-
-
 def overlap(comm, args):
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
@@ -115,11 +89,12 @@ def overlap(comm, args):
         with stream:
             comm.all_reduce(grads, division=True)
 
-    comm_time = median([timed(all_reduce) for _ in range(args.warmup + 3)])
+    comm_time = median([timed(all_reduce, synchronize)
+                        for _ in range(args.warmup + 3)])
     gemms = args.gemms
     if gemms is None:
         one = Backward(grads, 1, stream)
-        per_gemm = median([timed(one.run) for _ in range(3)])
+        per_gemm = median([timed(one.run, synchronize) for _ in range(3)])
         gemms = max(1, round(comm_time / per_gemm))
         gemms = world.bcast(gemms)
     backward = Backward(grads, gemms, stream)
@@ -134,7 +109,8 @@ def overlap(comm, args):
         all_reduce()
 
     return gemms, take_turns({"compute": backward.run, "comm": all_reduce,
-                              "serial": serial, "engine": engine}, args)
+                              "serial": serial, "engine": engine}, args,
+                              synchronize)
 
 
 def staged(comm, args):
@@ -152,7 +128,7 @@ def staged(comm, args):
         x.set(host)
 
     return take_turns({"by hand": by_hand, "nncomm": nncomm_all_reduce},
-                      args)
+                      args, synchronize)
 
 
 def main():
