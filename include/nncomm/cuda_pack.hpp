@@ -17,9 +17,10 @@
 
 // Bytes of a row's wider side (its dtype or the wire's) that one block of
 // the packing kernel moves: a tile (pack_tile.cuh). bench/pack_sweep.sh
-// builds with other values.
+// builds with other values; on an H200, 32 KiB beat 64 and 128 KiB in
+// every case (docs/performance.md).
 #ifndef NNCOMM_PACK_TILE_BYTES
-#define NNCOMM_PACK_TILE_BYTES 65536
+#define NNCOMM_PACK_TILE_BYTES 32768
 #endif
 
 namespace nncomm {
