@@ -32,13 +32,13 @@ uint64_t host_identity() {
   return Fingerprint().add(host).value();
 }
 
-// The same on two ranks only if they use the same device of the same host
-// (`host`, its host_identity()).
-Status device_identity(uint64_t host, uint64_t *identity) {
-  int device = 0;
-  NNCOMM_CUDA_CALL(cudaGetDevice, &device);
+// The device current to the calling thread, and an identity the same on
+// two ranks only if they use the same device of the same host (`host`, its
+// host_identity()).
+Status device_identity(uint64_t host, int *device, uint64_t *identity) {
+  NNCOMM_CUDA_CALL(cudaGetDevice, device);
   char bus[64] = {0};
-  NNCOMM_CUDA_CALL(cudaDeviceGetPCIBusId, bus, sizeof bus - 1, device);
+  NNCOMM_CUDA_CALL(cudaDeviceGetPCIBusId, bus, sizeof bus - 1, *device);
   *identity = Fingerprint().add(host).add(bus).value();
   return Status::Ok();
 }
@@ -109,11 +109,15 @@ struct DeviceGroup::State {
   std::unique_ptr<DeviceArrays> memory; // on transport
 
   // A device transport of the group's kind over `host`, on the group's
-  // device. Collective.
+  // device. Collective; fails on every rank when it fails on one.
   Status transport_over(std::unique_ptr<MpiTransport> host,
                         std::unique_ptr<DeviceTransport> *out) const {
     DeviceScope scope;
-    NNCOMM_RETURN_IF_ERROR(scope.enter(device));
+    const Status entered = scope.enter(device);
+    // The other ranks compare their set-up's outcome with this rank's
+    // before waiting for it (fail_together): this one's failure too.
+    if (!entered.ok())
+      return fail_together(*host, entered, "setting up GPU communication");
     if (nccl != nullptr) {
       std::unique_ptr<NcclTransport> t;
       NNCOMM_RETURN_IF_ERROR(NcclTransport::Create(*nccl, std::move(host), &t));
@@ -151,9 +155,12 @@ Status DeviceGroup::Create(Group &group, const void *on,
     loaded = load_nccl(config::nccl_library(), &api);
   const uint64_t machine = host_identity();
   uint64_t identity = 0;
+  int device = 0, visible = 0;
   Status here = cuda_use_device_of(on);
   if (here.ok())
-    here = device_identity(machine, &identity);
+    here = device_identity(machine, &device, &identity);
+  if (here.ok())
+    here = cuda_status(cudaGetDeviceCount(&visible), "cudaGetDeviceCount");
   // Every rank decides from what every rank found, so all decide alike,
   // and all fail where one cannot go on.
   int64_t mine[kFields];
@@ -190,16 +197,15 @@ Status DeviceGroup::Create(Group &group, const void *on,
                : "NNCOMM_GPU_TRANSPORT=nccl, but NCCL could not be loaded "
                  "on group ranks " + rank_list(without_nccl));
   }
-  int device = 0, visible = 0;
-  NNCOMM_CUDA_CALL(cudaGetDevice, &device);
-  NNCOMM_CUDA_CALL(cudaGetDeviceCount, &visible);
   std::unique_ptr<State> state(
       new State{group, !shared && without_nccl.empty() ? api : nullptr,
                 device, sharing_advice(all, host->rank(), visible)});
   NNCOMM_RETURN_IF_ERROR(
       state->transport_over(std::move(host), &state->transport));
+  DeviceTransport &transport = *state->transport;
   NNCOMM_RETURN_IF_ERROR(
-      DeviceArrays::Create(*state->transport, &state->memory));
+      fail_together(transport, DeviceArrays::Create(transport, &state->memory),
+                    "setting up the group's GPU packer"));
   out->reset(new DeviceGroup(std::move(state)));
   return Status::Ok();
 }
@@ -212,7 +218,11 @@ Status DeviceGroup::create_engine(CudaStream compute, size_t num_tensors,
   std::unique_ptr<DeviceTransport> own;
   NNCOMM_RETURN_IF_ERROR(state_->transport_over(std::move(host), &own));
   std::unique_ptr<CudaRunner> runner;
-  NNCOMM_RETURN_IF_ERROR(CudaRunner::Create(*own, compute, &runner));
+  // The caller's next step is collective (pyx/engines.pxi: whether every
+  // rank prepared): a rank failing here alone would leave the others there.
+  NNCOMM_RETURN_IF_ERROR(fail_together(
+      *own, CudaRunner::Create(*own, compute, &runner),
+      "setting up the engine's GPU packer"));
   out->reset(new Engine(std::move(own), std::move(runner), num_tensors,
                         std::move(plan), poll_us));
   return Status::Ok();

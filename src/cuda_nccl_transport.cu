@@ -76,30 +76,56 @@ Status NcclTransport::Create(const NcclApi &api,
                              std::unique_ptr<Transport> host,
                              std::unique_ptr<NcclTransport> *out) {
   std::unique_ptr<NcclTransport> t(new NcclTransport(api, std::move(host)));
-  NNCOMM_CUDA_CALL(cudaGetDevice, &t->device_);
-  NNCOMM_CUDA_CALL(cudaStreamCreateWithFlags,
-                   reinterpret_cast<cudaStream_t *>(&t->stream_),
-                   cudaStreamNonBlocking);
-  NNCOMM_CUDA_CALL(cudaEventCreateWithFlags,
-                   reinterpret_cast<cudaEvent_t *>(&t->done_),
-                   cudaEventDisableTiming);
   // Rank 0 makes the id; the host transport hands it to the others.
   nccl::UniqueId id;
   std::memset(&id, 0, sizeof id);
-  if (t->rank() == 0) {
-    NNCOMM_RETURN_IF_ERROR(
-        t->nccl_status(api.GetUniqueId(&id), "ncclGetUniqueId"));
-  }
+  // Any of these may fail on one rank alone, which the others would then
+  // wait for in the id's broadcast or in ncclCommInitRank (which waits for
+  // every rank) until NNCOMM_TIMEOUT: the ranks compare outcomes first.
+  NNCOMM_RETURN_IF_ERROR(
+      fail_together(*t->host_, t->prepare(&id), "setting up NCCL"));
   static_assert(sizeof id % sizeof(int64_t) == 0, "the id is whole words");
   {
     OperationLabel label("creating an NCCL communicator");
     NNCOMM_RETURN_IF_ERROR(t->host_->bcast(
         &id, sizeof id / sizeof(int64_t), DType::kInt64, 0));
   }
-  NNCOMM_RETURN_IF_ERROR(
+  const Status joined =
       t->nccl_status(api.CommInitRank(&t->comm_, t->size(), id, t->rank()),
-                     "ncclCommInitRank"));
+                     "ncclCommInitRank");
+  // A failure that NCCL reports on every rank needs nothing more. One on
+  // some ranks only (a rank's own memory or device failure once the others
+  // had connected) would leave the others a communicator with a peer
+  // missing, whose first collective waits for it until NNCOMM_TIMEOUT; so
+  // the ranks compare again, and those that succeeded abort theirs
+  // (destroying it may wait for the missing peer). What no agreement can
+  // reach is a rank failing before it connects, which leaves the others
+  // inside ncclCommInitRank (NCCL's blocking set-up has no timeout): the
+  // comparison above at least sends there only ranks whose own set-up
+  // went through.
+  const Status all_joined =
+      fail_together(*t->host_, joined, "creating the NCCL communicator");
+  if (!all_joined.ok()) {
+    // A failed ncclCommInitRank leaves no communicator to free.
+    if (joined.ok())
+      api.CommAbort(t->comm_);
+    t->comm_ = nullptr;
+    return all_joined;
+  }
   *out = std::move(t);
+  return Status::Ok();
+}
+
+Status NcclTransport::prepare(nccl::UniqueId *id) {
+  NNCOMM_CUDA_CALL(cudaGetDevice, &device_);
+  NNCOMM_CUDA_CALL(cudaStreamCreateWithFlags,
+                   reinterpret_cast<cudaStream_t *>(&stream_),
+                   cudaStreamNonBlocking);
+  NNCOMM_CUDA_CALL(cudaEventCreateWithFlags,
+                   reinterpret_cast<cudaEvent_t *>(&done_),
+                   cudaEventDisableTiming);
+  if (rank() == 0)
+    return nccl_status(api_.GetUniqueId(id), "ncclGetUniqueId");
   return Status::Ok();
 }
 

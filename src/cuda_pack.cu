@@ -128,14 +128,17 @@ struct CudaPacker::Device {
     DeviceScope scope;
     if (!scope.enter(ordinal).ok())
       return;
-    // Events never recorded count as complete.
-    cudaEventSynchronize(last_work);
+    // Events never recorded count as complete; one never created (its
+    // creation failed) is no handle to wait on.
+    if (last_work != nullptr)
+      cudaEventSynchronize(last_work);
     for (TableSlot &slot : slots) {
-      cudaEventSynchronize(slot.uploaded);
+      if (slot.uploaded != nullptr) {
+        cudaEventSynchronize(slot.uploaded);
+        cudaEventDestroy(slot.uploaded);
+      }
       cudaFree(slot.table);
       cudaFreeHost(slot.staging);
-      if (slot.uploaded != nullptr)
-        cudaEventDestroy(slot.uploaded);
     }
     if (last_work != nullptr)
       cudaEventDestroy(last_work);

@@ -16,6 +16,8 @@ struct StagedTransport::Device {
   char *pinned = nullptr;
   size_t capacity = 0;
 
+  // On the device current to the calling thread.
+  static Status Create(std::unique_ptr<Device> *out);
   ~Device() {
     // Pending copies may still use the pinned buffer.
     if (stream != nullptr)
@@ -120,14 +122,25 @@ StagedTransport::StagedTransport(std::unique_ptr<Transport> host,
 
 StagedTransport::~StagedTransport() = default;
 
-Status StagedTransport::Create(std::unique_ptr<Transport> host,
-                               std::unique_ptr<StagedTransport> *out) {
+Status StagedTransport::Device::Create(std::unique_ptr<Device> *out) {
   std::unique_ptr<Device> device(new Device);
   NNCOMM_CUDA_CALL(cudaGetDevice, &device->device);
   NNCOMM_CUDA_CALL(cudaStreamCreateWithFlags, &device->stream,
                    cudaStreamNonBlocking);
   NNCOMM_CUDA_CALL(cudaEventCreateWithFlags, &device->staged,
                    cudaEventDisableTiming);
+  *out = std::move(device);
+  return Status::Ok();
+}
+
+Status StagedTransport::Create(std::unique_ptr<Transport> host,
+                               std::unique_ptr<StagedTransport> *out) {
+  std::unique_ptr<Device> device;
+  // A rank left without a transport would leave the others waiting for it
+  // in their first operation: all fail or none.
+  NNCOMM_RETURN_IF_ERROR(
+      fail_together(*host, Device::Create(&device),
+                    "setting up GPU communication through host memory"));
   out->reset(new StagedTransport(std::move(host), std::move(device)));
   return Status::Ok();
 }

@@ -1,6 +1,7 @@
 #include "nncomm/transport.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "nncomm/wait.hpp"
 
@@ -87,6 +88,63 @@ Status Transport::barrier() {
   OperationLabel label("barrier");
   WorkPtr work;
   return complete(*this, start_barrier(&work), work);
+}
+
+Status fail_together(Transport &t, const Status &mine,
+                     const std::string &step) {
+  // Each rank's code and the start of its message, in the whole words the
+  // host transport moves; a cut message still names the failing call.
+  struct Outcome {
+    int64_t code;
+    char message[248];
+  };
+  static_assert(sizeof(Outcome) % sizeof(int64_t) == 0, "whole words");
+  Outcome own;
+  std::memset(&own, 0, sizeof own);
+  own.code = static_cast<int64_t>(mine.code());
+  std::strncpy(own.message, mine.message().c_str(), sizeof own.message - 1);
+  std::vector<Outcome> all(t.size());
+  Status exchanged;
+  {
+    OperationLabel label("comparing the ranks' outcomes of a set-up step");
+    exchanged = t.host().allgather(&own, all.data(),
+                                   sizeof own / sizeof(int64_t),
+                                   DType::kInt64);
+  }
+  if (!mine.ok())
+    return mine;
+  NNCOMM_RETURN_IF_ERROR(exchanged);
+  std::vector<int> failed;
+  for (int r = 0; r < t.size(); ++r) {
+    if (all[r].code != 0)
+      failed.push_back(r);
+  }
+  if (failed.empty())
+    return Status::Ok();
+  const Outcome &first = all[failed[0]];
+  std::string message =
+      failed.size() == 1
+          ? "group rank " + std::to_string(failed[0]) + " failed " + step +
+                ": " + first.message
+          : "group ranks " + rank_list(failed) + " failed " + step +
+                "; rank " + std::to_string(failed[0]) + ": " + first.message;
+  // Of the same kind everywhere (a MemoryError where the rank ran out),
+  // but an interruption is the failing rank's own.
+  StatusCode code = static_cast<StatusCode>(first.code);
+  if (code == StatusCode::kInterrupted)
+    code = StatusCode::kRuntimeError;
+  switch (code) {
+  case StatusCode::kInvalidArgument:
+    return Status::InvalidArgument(std::move(message));
+  case StatusCode::kTransport:
+    return Status::Transport(std::move(message));
+  case StatusCode::kOutOfMemory:
+    return Status::OutOfMemory(std::move(message));
+  case StatusCode::kCommunicator:
+    return Status::Communicator(std::move(message));
+  default:
+    return Status::RuntimeError(std::move(message));
+  }
 }
 
 } // namespace nncomm

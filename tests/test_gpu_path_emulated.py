@@ -14,10 +14,14 @@ whose streams run work late and in random legal orders:
 - the callback engine with the CUDA runner on it: gradients "computed" on
   the compute stream in a random order per rank, packed by the CUDA
   packer's kernel (emulated), reduced, unpacked, and read on the compute
-  stream after finish() (engine_over_mpi.cpp).
+  stream after finish() (engine_over_mpi.cpp);
+- a set-up step of either transport, the device group or its engine
+  failing on one rank: every rank fails at once, naming it
+  (transports_over_mpi.cpp: check_setup_failure).
 
 Needs nvcc (to compile against the CUDA headers), not a GPU."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -103,9 +107,9 @@ def engine_over_mpi(tmp_path_factory):
                   "src/bucket_plan.cpp", "src/pack.cpp"])
 
 
-def run(program, ranks, args, env=None):
+def run(program, ranks, args, env=None, timeout=300):
     code, out, err, _ = run_program([program, *args], ranks, env=env,
-                                    timeout=300)
+                                    timeout=timeout)
     assert code == 0, out + err
     assert f"checks passed on {ranks} ranks" in out, out + err
     return out
@@ -167,3 +171,50 @@ def test_device_group_refuses_nccl_it_cannot_use(
 @pytest.mark.parametrize("ranks,seed", [(2, 1), (3, 2), (4, 3)])
 def test_engine_on_emulated_devices(engine_over_mpi, ranks, seed, launch):
     run(engine_over_mpi, ranks, [seed], {"NNCOMM_LAUNCH": launch})
+
+
+# A set-up step failing on one rank (a fake runtime call, or the fake
+# NCCL's through NNCOMM_FAKE_NCCL_FAIL), before or inside the collective
+# part of the set-up: the failing rank gives its own error, every other
+# rank one naming it and its error, all within seconds. The program fails
+# past 5 s, so a rank left waiting until NNCOMM_TIMEOUT (10 s) fails the
+# test, and one left inside the fake ncclCommInitRank (no timeout) is
+# killed at a minute.
+INJECTED = {"nccl": "unhandled system error (injected)",
+            "cuda": "out of memory"}
+
+
+@pytest.mark.parametrize(
+    "ranks,what,transport,call,after,failing,step", [
+        (2, "nccl", None, "ncclGetUniqueId", 0, 0, "setting up NCCL"),
+        (3, "nccl", None, "cudaStreamCreateWithFlags", 0, 2,
+         "setting up NCCL"),
+        (2, "nccl", None, "ncclCommInitRank", 0, 1,
+         "creating the NCCL communicator"),
+        (3, "nccl", None, "ncclCommInitRank", 0, 0,
+         "creating the NCCL communicator"),
+        (3, "group", "mpi", "cudaEventCreateWithFlags", 0, 1,
+         "setting up GPU communication through host memory"),
+        (2, "group", "mpi", "cudaEventCreateWithFlags", 1, 0,
+         "setting up the group's GPU packer"),
+        (2, "group", "nccl", "ncclCommInitRank", 0, 1,
+         "creating the NCCL communicator"),
+        (2, "engine", "mpi", "cudaEventCreateWithFlags", 1, 1,
+         "setting up the engine's GPU packer"),
+    ])
+def test_a_set_up_failing_on_one_rank_fails_on_every_rank(
+        transports_over_mpi, fake_libnccl, ranks, what, transport, call,
+        after, failing, step):
+    env = {"NNCOMM_TIMEOUT": "10", "NNCOMM_NCCL_LIBRARY": fake_libnccl}
+    if transport is not None:
+        env["NNCOMM_GPU_TRANSPORT"] = transport
+    out = run(transports_over_mpi, ranks,
+              [1, "fail", what, call, failing, after], env, timeout=60)
+    cause = call + " failed: " + INJECTED[call[:4]]
+    for r in range(ranks):
+        line = re.search(rf"^rank {r} failed after [\d.]+ s: (.*)$", out,
+                         re.MULTILINE)
+        assert line, out
+        want = cause if r == failing else \
+            f"group rank {failing} failed {step}: {cause}"
+        assert line.group(1) == want, out

@@ -1,9 +1,9 @@
 """The C++ unit tests (tests/unit/): the engine, the bucket runner on host memory, the
-list collectives, the launch tuner, the waits and the timeline, on an
-in-process fake transport, without MPI. The program is built once per
-session from tests/unit/ and the core's MPI-free sources; each C++ test
-runs in a process of its own, under the settings it is about where it has
-some (settings are read once per process)."""
+list collectives, the launch tuner, the waits, fail_together and the
+timeline, on an in-process fake transport, without MPI. The program is
+built once per session from tests/unit/ and the core's MPI-free sources;
+each C++ test runs in a process of its own, under the settings it is
+about where it has some (settings are read once per process)."""
 import concurrent.futures
 import glob
 import os

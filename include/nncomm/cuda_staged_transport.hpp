@@ -19,6 +19,8 @@ namespace nncomm {
 class StagedTransport : public DeviceTransport {
 public:
   // A transport on the device current to the calling thread, over `host`.
+  // Collective over `host`'s ranks; fails on every rank when it fails on
+  // one (fail_together).
   static Status Create(std::unique_ptr<Transport> host,
                        std::unique_ptr<StagedTransport> *out);
   ~StagedTransport() override;

@@ -19,7 +19,9 @@ namespace nncomm {
 class NcclTransport : public DeviceTransport {
 public:
   // A communicator over `host`'s ranks on the device current to the
-  // calling thread. Collective over `host`'s ranks.
+  // calling thread. Collective over `host`'s ranks; fails on every rank
+  // when it fails on one (fail_together), at once rather than at
+  // NNCOMM_TIMEOUT, except where NCCL itself hangs.
   static Status Create(const NcclApi &api, std::unique_ptr<Transport> host,
                        std::unique_ptr<NcclTransport> *out);
   ~NcclTransport() override;
@@ -63,6 +65,9 @@ private:
   class Launched;
   NcclTransport(const NcclApi &api, std::unique_ptr<Transport> host)
       : api_(api), host_(std::move(host)) {}
+  // This rank's steps before the communicator: the device, the stream and
+  // event, and on rank 0 the communicator's unique id, into `*id`.
+  Status prepare(nccl::UniqueId *id);
   // Starts `call`, which `enqueue(op)` puts on the stream, `op` being the
   // reduction of `scale` and `divisor` (reduction()); an operation that
   // reduces nothing passes 1 and 1 and ignores it. On success, `*work`

@@ -129,4 +129,13 @@ public:
   Status barrier();
 };
 
+// For a step that can fail on one rank alone just before a collective,
+// which the other ranks would wait in until NNCOMM_TIMEOUT: every rank
+// passes how its step went (`mine`), and every rank fails where any did.
+// A rank that failed keeps its own error; the others get one naming the
+// ranks that failed `step` ("creating the NCCL communicator") and the first
+// one's error. One small all-gather on `t`'s host transport; collective.
+Status fail_together(Transport &t, const Status &mine,
+                     const std::string &step);
+
 } // namespace nncomm

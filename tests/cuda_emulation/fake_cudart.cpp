@@ -422,6 +422,8 @@ cudaError_t cudaFreeHost(void *p) {
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
   Call call;
+  if (rt().fail("cudaStreamCreateWithFlags"))
+    return cudaErrorMemoryAllocation;
   *s = new CUstream_st{current_device, (flags & cudaStreamNonBlocking) == 0};
   rt().streams.insert(*s);
   return cudaSuccess;
@@ -472,6 +474,8 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
   Call call;
+  if (rt().fail("cudaEventCreateWithFlags"))
+    return cudaErrorMemoryAllocation;
   *e = new CUevent_st{current_device, nullptr};
   return cudaSuccess;
 }

@@ -11,8 +11,9 @@
 // Seeds the order in which pending work runs; 1 in `eagerness` runtime
 // calls lets some of it run, so larger is later.
 void nncomm_fake_configure(uint64_t seed, unsigned eagerness);
-// Makes runtime call `call` (e.g. "cudaMalloc") fail once, after `after`
-// more calls of it succeed.
+// Makes runtime call `call` fail once, after `after` more calls of it
+// succeed: cudaMalloc, cudaMallocHost, cudaLaunchKernel,
+// cudaStreamCreateWithFlags or cudaEventCreateWithFlags.
 void nncomm_fake_fail(const char *call, int after);
 // Holds `stream`: its later work runs only once no other work can (as a
 // long kernel would hold it on a GPU).

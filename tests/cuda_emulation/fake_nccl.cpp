@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <mpi.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -14,7 +15,14 @@ using namespace nncomm;
 
 namespace {
 
+constexpr nccl::Result kSystemError = 2;
 constexpr nccl::Result kInvalidArgument = 4;
+
+// Whether this process is to fail `call` (fake_nccl.hpp).
+bool injected(const char *call) {
+  const char *failing = std::getenv("NNCOMM_FAKE_NCCL_FAIL");
+  return failing != nullptr && std::strcmp(failing, call) == 0;
+}
 
 struct FakeComm {
   MPI_Comm comm;
@@ -98,6 +106,8 @@ nccl::Result enqueue(CudaStream stream, std::function<void()> work) {
 }
 
 const char *error_string(nccl::Result r) {
+  if (r == kSystemError)
+    return "unhandled system error (injected)";
   return r == nccl::kSuccess ? "no error" : "fake NCCL error";
 }
 
@@ -106,9 +116,16 @@ nccl::Result get_version(int *v) {
   return nccl::kSuccess;
 }
 
-nccl::Result get_unique_id(nccl::UniqueId *id) {
+// The one id every communicator is made from.
+void the_id(nccl::UniqueId *id) {
   for (size_t i = 0; i < sizeof id->internal; ++i)
     id->internal[i] = char(i * 7 + 3);
+}
+
+nccl::Result get_unique_id(nccl::UniqueId *id) {
+  if (injected("ncclGetUniqueId"))
+    return kSystemError;
+  the_id(id);
   return nccl::kSuccess;
 }
 
@@ -116,11 +133,17 @@ nccl::Result comm_init_rank(nccl::Comm *comm, int nranks, nccl::UniqueId id,
                             int rank) {
   // Every rank must hold rank 0's id: the transport broadcast it.
   nccl::UniqueId expected;
-  get_unique_id(&expected);
+  the_id(&expected);
   if (std::memcmp(&id, &expected, sizeof id) != 0)
     return kInvalidArgument;
+  // Waits for every rank, as NCCL's does.
   FakeComm *c = new FakeComm{MPI_COMM_NULL, rank, nranks};
   MPI_Comm_dup(MPI_COMM_WORLD, &c->comm);
+  if (injected("ncclCommInitRank")) {
+    MPI_Comm_free(&c->comm);
+    delete c;
+    return kSystemError;
+  }
   *comm = c;
   return nccl::kSuccess;
 }

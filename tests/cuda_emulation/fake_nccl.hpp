@@ -3,6 +3,11 @@
 // their turn comes, run as MPI collectives over the processes' host memory
 // (the fake device memory), one communicator each. Also built as a shared
 // library exporting NCCL's names, for nncomm's loader.
+//
+// NNCOMM_FAKE_NCCL_FAIL=ncclGetUniqueId or ncclCommInitRank, set in one
+// process's environment, makes that call fail there with "unhandled system
+// error (injected)"; ncclCommInitRank fails once every rank has joined it,
+// so that the other ranks' succeed.
 #pragma once
 
 #include "nncomm/nccl_api.hpp"

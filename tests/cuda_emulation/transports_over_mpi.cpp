@@ -8,12 +8,14 @@
 // the transport's shows up as wrong data.
 //
 // Built and run under mpiexec by tests/test_gpu_path_emulated.py as
-// `transports_over_mpi SEED staged|nccl`; prints "transports_over_mpi: N
-// checks passed on R ranks" on rank 0, or the first failure (exit 1 on
-// every rank, through MPI_Abort).
+// `transports_over_mpi SEED staged|nccl|group`, or `transports_over_mpi
+// SEED fail WHAT CALL RANK AFTER` (check_setup_failure); prints
+// "transports_over_mpi: N checks passed on R ranks" on rank 0, or the first
+// failure (exit 1 on every rank, through MPI_Abort).
 #include <cuda_runtime.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -718,6 +720,66 @@ std::string check_group() {
   return devices->transport_name();
 }
 
+// A set-up step of `what` failing on rank `failing` alone, `call` failing
+// there (after `after` calls of it succeed, for the fake runtime's; set
+// in NNCOMM_FAKE_NCCL_FAIL, for the fake NCCL's): "nccl",
+// NcclTransport::Create; "group", DeviceGroup::Create (its transport as
+// NNCOMM_GPU_TRANSPORT says); "engine", the group's create_engine. Every
+// rank must fail, within 5 s where the test sets NNCOMM_TIMEOUT well above
+// that (so a rank left waiting for the failing one fails here); rank 0
+// prints each rank's error on a line of its own ("rank R failed after S s:
+// ..."), as mpiexec may join lines of two ranks.
+void check_setup_failure(const std::string &what, const std::string &call,
+                         int failing, int after) {
+  DeviceArray a(16, DType::kFloat32);
+  std::unique_ptr<Group> group;
+  std::unique_ptr<DeviceGroup> devices;
+  if (what == "group" || what == "engine")
+    ok(Group::Create(MPI_COMM_WORLD, &group), "Group::Create");
+  if (what == "engine")
+    ok(DeviceGroup::Create(*group, a.device, &devices), "DeviceGroup::Create");
+  if (rank == failing && call.rfind("nccl", 0) == 0)
+    setenv("NNCOMM_FAKE_NCCL_FAIL", call.c_str(), 1);
+  else if (rank == failing)
+    nncomm_fake_fail(call.c_str(), after);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto began = std::chrono::steady_clock::now();
+  Status status;
+  if (what == "nccl") {
+    std::unique_ptr<MpiTransport> mpi;
+    ok(MpiTransport::Create(MPI_COMM_WORLD, &mpi), "MpiTransport::Create");
+    std::unique_ptr<NcclTransport> nccl;
+    status = NcclTransport::Create(fake_nccl(), std::move(mpi), &nccl);
+  } else if (what == "group") {
+    status = DeviceGroup::Create(*group, a.device, &devices);
+  } else {
+    std::vector<TensorSpec> specs = {{a.n, a.dt}};
+    std::unique_ptr<Engine> engine;
+    status = devices->create_engine(
+        cudaStreamLegacy, 1,
+        plan_buckets(specs, {0}, 700, false, DType::kFloat32, 4 * 2000), 20,
+        &engine);
+  }
+  const double seconds = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - began)
+                             .count();
+  if (status.ok())
+    fail(what + " was set up, though " + call + " failed on rank " +
+         std::to_string(failing));
+  if (seconds > 5)
+    fail(what + " failed after " + std::to_string(seconds) +
+         " s: " + status.message());
+  char mine[512] = {0};
+  std::snprintf(mine, sizeof mine, "failed after %.2f s: %s", seconds,
+                status.message().c_str());
+  std::vector<char> all(sizeof mine * ranks);
+  MPI_Gather(mine, sizeof mine, MPI_CHAR, all.data(), sizeof mine, MPI_CHAR,
+             0, MPI_COMM_WORLD);
+  for (int r = 0; r < ranks && rank == 0; ++r)
+    std::printf("rank %d %s\n", r, &all[r * sizeof mine]);
+  ++checks;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -731,6 +793,10 @@ int main(int argc, char **argv) {
   std::string chosen = kind;
   if (kind == "group") {
     chosen = check_group();
+  } else if (kind == "fail") {
+    chosen = argv[3];
+    check_setup_failure(argv[3], argv[4], std::atoi(argv[5]),
+                        std::atoi(argv[6]));
   } else {
     std::unique_ptr<MpiTransport> mpi;
     ok(MpiTransport::Create(MPI_COMM_WORLD, &mpi), "MpiTransport::Create");
