@@ -15,6 +15,8 @@ import warnings
 
 from mpi4py import MPI
 
+from nncomm.launched import SeveralRanks, check_joined
+
 include "errors.pxi"
 include "dtypes.pxi"
 include "process.pxi"

@@ -77,11 +77,25 @@ cdef class Communicator:
         finds this process's ranks. Call it once, on every rank. With
         ``NNCOMM_TIMELINE=path`` set, starts the timeline there (see
         :meth:`start_timeline`).
+
+        Raises:
+            nncomm.errors.DataParallelError: In a job of several ranks,
+                whatever keeps it from running data-parallel (settings
+                that differ between ranks, say, or an MPI that cannot
+                join the launcher's job), on every rank, the cause named.
+                It passes through ``except Exception`` wrappers that would
+                otherwise leave each rank training alone.
         """
         if self._finalized:
             raise RuntimeError(_FINALIZED)
         if self._initialized:
             raise RuntimeError("the communicator is already initialized")
+        check_joined(MPI.COMM_WORLD.Get_size())
+        with SeveralRanks("initializing nncomm's communicator"):
+            self._join_world()
+        self._initialized = True
+
+    cdef _join_world(self):
         CHKSTATUS(validate())
         world = _Group(list(range(MPI.COMM_WORLD.Get_size())))
         cdef MPI_Comm comm = (<MPI.Comm>MPI.COMM_WORLD).ob_mpi
@@ -94,7 +108,6 @@ cdef class Communicator:
         if not timeline_path().empty():
             timeline_start(world, timeline_path())
         self._groups["world"] = world
-        self._initialized = True
 
     def finalize(self):
         """Ends the communicator's use, as CNTK's ``finalize()``: its MPI

@@ -50,11 +50,12 @@ def reports(settings="", args=()):
 def test_settings_reach_every_rank(start):
     code, out, err = launch(
         ["-np", "2", "--timeline", "trace.json", "--stall-warning", "5",
-         "--timeout", "1e3", LAUNCHED, "report", "-np", "3"], start=start)
+         "--timeout", "1e3", "--nnabla", "nncomm", LAUNCHED, "report", "-np",
+         "3"], start=start)
     assert code == 0, out + err
     # The relative path is the launcher's, made absolute; the script's own
     # "-np 3" is left to it.
-    settings = (f"NNCOMM_STALL_WARNING=5.0 "
+    settings = (f"NNCOMM_NNABLA=nncomm NNCOMM_STALL_WARNING=5.0 "
                 f"NNCOMM_TIMELINE={os.path.abspath('trace.json')} "
                 f"NNCOMM_TIMEOUT=1000.0")
     assert sorted(out.splitlines()) == reports(settings, ["-np", "3"])
@@ -150,7 +151,7 @@ def test_slurm_runs_srun(slurm, tmp_path):
         recorded = json.load(f)
     assert recorded["argv"] == [
         str(srun), "-n", "3", "--mpi=pmi2", "--kill-on-bad-exit=1",
-        "--export=ALL", sys.executable, "-m", "mpi4py", LAUNCHED, "report",
+        "--export=ALL", sys.executable, "-m", "nncomm", LAUNCHED, "report",
         "x"]
     assert recorded["env"] == {"NNCOMM_TIMEOUT": "60.0"}
 
@@ -188,11 +189,15 @@ NP = "argument -np/-n/--num-proc: expected a positive number of ranks"
      f"argument --stall-warning: {SECONDS}, got 'inf'"),
     (["--timeline", "", LAUNCHED], {},
      "argument --timeline: expected a path, got ''"),
+    (["--nnabla", "on", LAUNCHED], {},
+     "argument --nnabla: invalid choice: 'on' (choose from 'auto', "
+     "'nncomm', 'off')"),
     ([], {}, "no script given"),
     (["-m"], {}, "no module given"),
 ], ids=["missing script", "no mpiexec", "-H and --hostfile", "bad -H",
         "no hostfile", "negative timeout", "timeout not a number",
-        "infinite stall warning", "empty timeline", "no script given",
+        "infinite stall warning", "empty timeline", "unknown --nnabla",
+        "no script given",
         "no module given"])
 def test_bad_launch_exits_2(args, env, message):
     code, out, err = launch(["-np", "2", *args], env=env)

@@ -1,5 +1,6 @@
 """Factories with the names and signatures of ``nnabla.communicators``."""
 from nncomm._nncomm import Communicator
+from nncomm.launched import SeveralRanks
 
 
 def MultiProcessDataParallelCommunicator(ctx):
@@ -16,7 +17,10 @@ def MultiProcessDataParallelCommunicator(ctx):
         :obj:`nncomm.Communicator`: Call ``init()`` on it before use.
 
     Raises:
-        ValueError: `ctx` is not a CPU context.
+        ValueError: `ctx` is not a context nncomm can work in (on a
+            single rank).
+        nncomm.errors.DataParallelError: The same, in a job of several
+            ranks, where it must not be taken for a single-process run.
 
     Example:
 
@@ -28,7 +32,8 @@ def MultiProcessDataParallelCommunicator(ctx):
         comm = C.MultiProcessDataParallelCommunicator(get_extension_context("cpu"))
         comm.init()
     """
-    return Communicator(ctx)
+    with SeveralRanks("creating nncomm's communicator"):
+        return Communicator(ctx)
 
 
 # nnabla's aliases, the misspelt one included, so old scripts keep working.

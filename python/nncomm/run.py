@@ -26,7 +26,8 @@ USAGE_ERROR = 2
 # option (its argparse dest) -> the NNCOMM_* variable it sets on each rank
 SETTINGS = {"timeline": "NNCOMM_TIMELINE",
             "stall_warning": "NNCOMM_STALL_WARNING",
-            "timeout": "NNCOMM_TIMEOUT"}
+            "timeout": "NNCOMM_TIMEOUT",
+            "nnabla": "NNCOMM_NNABLA"}
 
 # One entry of -H: hydra's "host" or "host:slots".
 HOST = re.compile(r"[^\s:,]+(:[1-9][0-9]*)?")
@@ -104,6 +105,12 @@ def parse_args(argv=None):
                         help="sets NNCOMM_STALL_WARNING on every rank")
     parser.add_argument("--timeout", type=seconds, metavar="S",
                         help="sets NNCOMM_TIMEOUT on every rank")
+    parser.add_argument("--nnabla", choices=("auto", "nncomm", "off"),
+                        help="sets NNCOMM_NNABLA on every rank: whether "
+                             "nnabla's communicator factories answer with "
+                             "nncomm's communicator where nnabla has none "
+                             "(auto, the default), always (nncomm), or "
+                             "never (off)")
     parser.add_argument("-m", "--module", action="store_true",
                         help="run the module named in place of the script, "
                              "as python -m does")
@@ -120,17 +127,17 @@ def parse_args(argv=None):
 
 
 def rank_command(args):
-    """What every rank runs.
-
-    Through mpi4py's runner: a rank whose script raises then calls
-    MPI_Abort, and mpiexec (or srun) ends every rank; run as plain
+    """What every rank runs: ``python -m nncomm``, which answers nnabla's
+    communicator factories with nncomm's (nncomm.nnabla_entry), then runs
+    the script through mpi4py's runner: a rank whose script raises then
+    calls MPI_Abort, and mpiexec (or srun) ends every rank; run as plain
     ``python script.py``, the other ranks would wait in their next
     collective until NNCOMM_TIMEOUT (30 minutes by default).
     """
     program, *script_args = args.command
     if not args.module and not os.path.isfile(program):
         raise LaunchError(f"no such script: {program}")
-    return [sys.executable, "-m", "mpi4py",
+    return [sys.executable, "-m", "nncomm",
             *(["-m"] if args.module else []), program, *script_args]
 
 

@@ -1,6 +1,8 @@
 """init() refuses settings that do not parse, and settings that change the
-MPI calls when the ranks differ in them, with a ValueError on every rank
-naming the variable (and the ranks' values).
+MPI calls when the ranks differ in them, naming the variable (and the
+ranks' values): a ValueError on a single rank, on several a
+DataParallelError (which passes through `except Exception` wrappers) on
+every rank, the ValueError its cause.
 
 Usage: settings.py MODE, where MODE is
 - bad: every rank runs with NNCOMM_CHUNK_BYTES=4k, NNCOMM_TIMEOUT=-1 and
@@ -15,6 +17,7 @@ import sys
 from mpi4py import MPI
 
 from _harness import Checker, make_comm
+from nncomm.errors import DataParallelError
 
 MODE = sys.argv[1]
 RANK, SIZE = MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
@@ -43,7 +46,10 @@ if expected is None:
     comm, _ = make_comm()
     ck.equal(comm.size, SIZE, "init() with the same settings everywhere")
 else:
+    kind = ValueError if SIZE == 1 else DataParallelError
+    if kind is DataParallelError:
+        expected.append("ValueError")   # the cause, named
     for text in expected:
-        ck.raises(ValueError, text, f"init() with settings {MODE}: {text}",
+        ck.raises(kind, text, f"init() with settings {MODE}: {text}",
                   make_comm)
 ck.finish()
