@@ -18,6 +18,7 @@ _LAZY = {
     "WorkerDescriptor": "nncomm._nncomm",
     "BlockMomentumSolver": "nncomm.block_momentum",
     "CommunicatorError": "nncomm.errors",
+    "DataParallelError": "nncomm.errors",
     "Compression": "nncomm.compression",
     "DistributedSolver": "nncomm.distributed_solver",
     "QuantizedReducer": "nncomm.quantized",
