@@ -5,7 +5,7 @@ none reached), and failures to set up the job are not taken for a
 single-process run."""
 import os
 
-from nncomm.errors import DataParallelError
+from nncomm.errors import CommunicatorError, DataParallelError
 
 # The variable each launcher sets to the job's number of ranks.
 SIZE_VARIABLES = (
@@ -67,7 +67,8 @@ class SeveralRanks:
     """Context manager: an Exception raised inside becomes a
     DataParallelError naming `what` and the cause, where the job has
     several ranks (by its launcher or by MPI); elsewhere it passes as it
-    is.
+    is. A CommunicatorError always passes as it is: it ends the job
+    anyway (the ranks are aborted shortly after it).
 
     Example:
 
@@ -84,7 +85,8 @@ class SeveralRanks:
         return self
 
     def __exit__(self, kind, error, trace):
-        if kind is None or not issubclass(kind, Exception):
+        if kind is None or not issubclass(kind, Exception) or \
+                issubclass(kind, CommunicatorError):
             return False
         launched, source = launched_size()
         size = max(launched, mpi_size())
