@@ -25,6 +25,9 @@ without the solver:
   once and reused;
 - ``T_cb_new``: the same with a new callback every step, its creation timed
   (what nnabla-examples do);
+- ``T_cb_cc``: ``T_cb`` with the callback passed as nnabla's scripts pass
+  it, ``backward(communicator_callbacks=cb)`` (goal: within 2 % of
+  ``T_cb``);
 - ``T_cb_fwd`` (with ``--priority``): ``T_cb`` with
   ``priority="forward"``, the ranks agreeing in rounds which buckets are
   ready everywhere (one small all-reduce a round);
@@ -105,6 +108,7 @@ import nnabla.functions as F
 import nnabla.parametric_functions as PF
 import numpy as np
 from mpi4py import MPI
+from nnabla._variable import CommunicatorBackwardCallback
 from nnabla.ext_utils import get_extension_context
 
 import nncomm.communicators as C
@@ -331,6 +335,11 @@ def mlp(args, comm, world, have_cb, say):
     def with_forward_first():
         with_cb(forward_first)
 
+    def with_cc(hook=cb):
+        zero(params)
+        loss.forward()
+        loss.backward(communicator_callbacks=hook)
+
     def with_new_cb():
         zero(params)
         loss.forward()
@@ -354,12 +363,19 @@ def mlp(args, comm, world, have_cb, say):
         if not args.no_new_cb:
             with_new_cb()
             check(f"{when}, new callback", copy_grads(params), want, world)
+        if have_cc:
+            with_cc()
+            check(f"{when}, communicator_callbacks=", copy_grads(params),
+                  want, world)
         if forward_first is not None:
             with_forward_first()
             check(f"{when}, priority='forward'", copy_grads(params), want,
                   world)
 
     methods = {"fb": fb, "comm": comm_only, "seq": seq}
+    # nnabla's route takes only its own callback type, which nncomm's is
+    # with the nnabla versions it knows.
+    have_cc = have_cb and isinstance(cb, CommunicatorBackwardCallback)
     if have_cb:
         verify("before timing")
         # The engine times eager and deferred launching on its first
@@ -377,6 +393,8 @@ def mlp(args, comm, world, have_cb, say):
                     f"{os.environ.get('NNCOMM_LAUNCH', 'unset')}; {steps} "
                     f"more steps of tuning before timing)")
         methods["cb"] = with_cb
+        if have_cc:
+            methods["cb_cc"] = with_cc
         if not args.no_new_cb:
             methods["cb_new"] = with_new_cb
         if forward_first is not None:
@@ -432,6 +450,9 @@ def mlp(args, comm, world, have_cb, say):
         if "cb_tl" in t:
             say("T_cb_tl/T_cb (timeline)".ljust(29)
                 + f"{t['cb_tl'] / t['cb']:6.3f}")
+        if "cb_cc" in t:
+            say("T_cb_cc/T_cb (nnabla's route)".ljust(29)
+                + f"{t['cb_cc'] / t['cb']:6.3f}")
         if "cb" not in t:
             say("T_cb: not measured (comm has no all_reduce_callback)")
 

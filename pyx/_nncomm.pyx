@@ -9,6 +9,7 @@ from libcpp.mutex cimport mutex
 from mpi4py cimport MPI
 from libcore cimport *
 from libnncomm cimport *
+from libnnabla cimport *
 
 import operator
 import warnings
@@ -25,6 +26,7 @@ include "gpu_arrays.pxi"
 include "groups.pxi"
 include "engines.pxi"
 include "callback.pxi"
+include "nnabla_callback.pxi"
 include "varying.pxi"
 include "timeline.pxi"
 include "communicator.pxi"

@@ -337,6 +337,21 @@ cdef class AllReduceCallback:
         self.state.replan = self.state.replan or bw.engine.converted
         return 0
 
+    cdef int backward_done(self) except -1:
+        """nnabla's backward returned (a callback of communicator_callbacks=
+        learns it): a backward of these gradients still open on this thread
+        stopped before functions the graph analysis expected, so its
+        remaining gradients are reduced now, as they are, which the
+        function_post_hook= route does when a solver starts."""
+        cdef _Backward bw = self.state.backward
+        if bw is not None and bw.thread == threading.get_ident():
+            warnings.warn(
+                f"backward returned before {bw.describe_missing()} ran, "
+                f"which nncomm's graph analysis expected; the remaining "
+                f"gradients were all-reduced as they were", RuntimeWarning)
+            (<AllReduceCallback>bw.owner)._flush(bw)
+        return 0
+
     cdef int _flush(self, _Backward bw) except -1:
         """Ends a backward whose remaining functions will not run: every
         gradient still pending is reduced with what it holds."""

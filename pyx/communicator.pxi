@@ -813,9 +813,12 @@ cdef class Communicator:
                             group="world", scale_grad=1,
                             bint keep_dtype=False, *, wire_dtype=None,
                             priority=None):
-        """A backward hook that all-reduces gradients while backward runs.
+        """A backward callback that all-reduces gradients while backward
+        runs.
 
-        Pass it as ``loss.backward(function_post_hook=cb)``. Each gradient is
+        Pass it as nnabla's scripts do, ``loss.backward(
+        communicator_callbacks=cb)`` (alone or in a list), or as a hook,
+        ``loss.backward(function_post_hook=cb)``. Each gradient is
         handed to a background engine once every function of the graph that
         writes it has run its backward, so shared parameters are reduced
         once, after their last use. The engine reduces buckets of about
@@ -854,7 +857,9 @@ cdef class Communicator:
                 next forward uses first: backward's order reversed.
 
         Returns:
-            callable: The hook.
+            callable: An nnabla ``CommunicatorBackwardCallback``, also
+            callable as a hook (nnabla 1.39); with another nnabla version
+            an :obj:`AllReduceCallback`, a hook only.
 
         Example:
 
@@ -862,7 +867,7 @@ cdef class Communicator:
 
             grads = [v.grad for v in nn.get_parameters().values()]
             cb = comm.all_reduce_callback(grads, 2 << 20, division=True)
-            loss.backward(clear_buffer=True, function_post_hook=cb)
+            loss.backward(clear_buffer=True, communicator_callbacks=cb)
             solver.update()
         """
         cdef _Group g = self._member(group)
@@ -894,7 +899,7 @@ cdef class Communicator:
         cb.pack_size = size
         cb.wire = wire
         cb.priority = priorities
-        return cb
+        return as_nnabla_callback(cb)
 
     def gradient_reducer(self, data, pack_size, bint division=False,
                          group="world", scale_grad=1, bint keep_dtype=False,

@@ -67,9 +67,10 @@ def test_all_reduce_callback(n):
     run_worker("callback", n)
 
 
-@pytest.mark.parametrize("n", (1, 2, 3))
-def test_all_reduce_callback_errors(n):
-    run_worker("callback_errors", n)
+@pytest.mark.parametrize("n,route", [(1, "hook"), (2, "hook"), (3, "hook"),
+                                     (2, "callbacks")])
+def test_all_reduce_callback_errors(n, route):
+    run_worker("callback_errors", n, [route])
 
 
 @pytest.mark.parametrize("n", (2, 4))
@@ -147,8 +148,16 @@ def test_launcher_kills_a_hang():
 
 
 @pytest.mark.parametrize("n", (1, 2, 3))
-def test_callback_on_the_graphs_users_build(n):
-    run_worker("callback_graphs", n, timeout=120)
+def test_callback_bit_for_bit_in_every_dtype_path(n):
+    run_worker("callback_bitwise", n, timeout=120)
+
+
+@pytest.mark.parametrize("n,route", [(1, "hook"), (2, "hook"), (3, "hook"),
+                                     (2, "callbacks"), (3, "callbacks")])
+def test_callback_on_the_graphs_users_build(n, route):
+    """Passed as function_post_hook, or as nnabla's scripts pass it, in
+    backward's communicator_callbacks."""
+    run_worker("callback_graphs", n, [route], timeout=120)
 
 
 @pytest.mark.parametrize("n", (1, 2, 3))

@@ -142,3 +142,54 @@ def test_singleton_without_mpiexec():
         0, MPI.Get_processor_name())
     assert nncomm.broadcast_object(comm, {"a": None}) == {"a": None}
     assert nncomm.allgather_object(comm, [1, (2,)]) == [[1, (2,)]]
+
+
+VERSION_CHECK = """
+import sys
+import numpy as np
+import nnabla as nn
+import nnabla.functions as F
+from nnabla._variable import CommunicatorBackwardCallback
+from nnabla.ext_utils import get_extension_context
+import nncomm, nncomm.communicators as C
+if sys.argv[1] != "as installed":
+    nn.__version__ = sys.argv[1]
+comm = C.MultiProcessDataParallelCommunicator(get_extension_context("cpu"))
+comm.init()
+x = nn.Variable.from_numpy_array(np.arange(3, dtype=np.float32),
+                                 need_grad=True)
+y = F.sum(x * x)
+y.forward()
+cb = comm.all_reduce_callback([x.grad], 8)
+print(isinstance(cb, CommunicatorBackwardCallback),
+      isinstance(cb, nncomm.AllReduceCallback))
+y.backward(function_post_hook=cb)
+print(list(x.g))
+x.grad.zero()
+try:
+    y.backward(communicator_callbacks=cb)
+    print("taken", list(x.g))
+except TypeError as e:
+    print("refused:", e)
+"""
+
+
+@pytest.mark.parametrize("version", ["as installed", "1.40.0"])
+def test_communicator_callbacks_only_with_the_nnabla_it_knows(version):
+    """nnabla 1.39.0 (installed here) takes the callback in
+    communicator_callbacks=; for any other version nncomm does not use
+    its declarations of nnabla's types: a hook only, and nnabla's
+    TypeError where it is passed as a communicator callback, no crash."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", VERSION_CHECK, version],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[1] == "[0.0, 2.0, 4.0]"
+    if version == "as installed":
+        assert lines[0] == "True False"
+        assert lines[2] == "taken [0.0, 2.0, 4.0]"
+    else:
+        assert lines[0] == "False True"
+        assert lines[2].startswith("refused:"), lines

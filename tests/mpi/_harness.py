@@ -16,6 +16,7 @@ from mpi4py import MPI
 
 import nnabla as nn
 from nnabla.ext_utils import get_extension_context
+from nnabla.function import PythonFunction
 
 import nncomm.communicators as C
 
@@ -407,3 +408,46 @@ def mlp(scope, batch, seed, total=False):
         loss = F.sum(err) if total else F.mean(err)
         params = nn.get_parameters()
     return x, t, loss, params
+
+
+class GradientWriter(PythonFunction):
+    """A function of two inputs whose backward calls `write(i, grad)` for
+    each input i, to write its gradient as a test wants it (nnabla's own
+    callback test writes constants cast to another dtype); its output is
+    zeros shaped as the first input."""
+
+    def __init__(self, ctx, write):
+        super().__init__(ctx)
+        self.write = write
+
+    @property
+    def name(self):
+        return "GradientWriter"
+
+    def min_outputs(self):
+        return 1
+
+    def grad_depends_output_data(self, i, o):
+        return False
+
+    def grad_depends_input_data(self, i, j):
+        return False
+
+    def setup_impl(self, inputs, outputs):
+        outputs[0].reset_shape(inputs[0].shape, True)
+
+    def forward_impl(self, inputs, outputs):
+        outputs[0].data.fill(0)
+
+    def backward_impl(self, inputs, outputs, propagate_down, accum):
+        for i, v in enumerate(inputs):
+            self.write(i, v.grad)
+
+
+def share_gradients(first, second):
+    """Makes the gradients of the Variables `first` and `second` narrowed
+    views of one array (first's elements, then second's)."""
+    shared = nn.NdArray((first.size + second.size,))
+    first.grad = shared.narrow(0, 0, first.size).view(first.shape)
+    second.grad = shared.narrow(0, first.size, second.size).view(
+        second.shape)

@@ -20,10 +20,10 @@ import nnabla as nn
 import nnabla.functions as F
 import nnabla.parametric_functions as PF
 from nnabla.ext_utils import get_extension_context
-from nnabla.function import PythonFunction
 
-from _harness import (Checker, contribution, exception_chain, make_comm,
-                      scaled_reference, world_gather)
+from _harness import (Checker, GradientWriter, contribution,
+                      exception_chain, make_comm, scaled_reference,
+                      share_gradients, world_gather)
 
 F16, F32 = np.float16, np.float32
 
@@ -106,36 +106,12 @@ def fresh_half_model(ck, comm):
                       keep_dtype)
 
 
-class ConstantGrad(PythonFunction):
+def constant_grad(ctx, value, dtype):
     """Writes `value` into both inputs' gradients, cast to `dtype`."""
-
-    def __init__(self, ctx, value, dtype):
-        super().__init__(ctx)
-        self.value, self.dtype = value, dtype
-
-    @property
-    def name(self):
-        return "ConstantGrad"
-
-    def min_outputs(self):
-        return 1
-
-    def grad_depends_output_data(self, i, o):
-        return False
-
-    def grad_depends_input_data(self, i, j):
-        return False
-
-    def setup_impl(self, inputs, outputs):
-        outputs[0].reset_shape(inputs[0].shape, True)
-
-    def forward_impl(self, inputs, outputs):
-        outputs[0].data.fill(0)
-
-    def backward_impl(self, inputs, outputs, propagate_down, accum):
-        for v in inputs:
-            v.grad.fill(self.value)
-            v.grad.cast(self.dtype, self.ctx)
+    def write(i, grad):
+        grad.fill(value)
+        grad.cast(dtype, ctx)
+    return GradientWriter(ctx, write)
 
 
 def cast_during_backward(ck, comm):
@@ -148,7 +124,7 @@ def cast_during_backward(ck, comm):
     h = x
     for (name, v), dt, value in zip(leaves.items(), (F32, F16, F32, F16),
                                     (0.1, 0.2, 0.3, 0.4)):
-        h = ConstantGrad(ctx, value * (comm.rank + 1), dt)(h, v)
+        h = constant_grad(ctx, value * (comm.rank + 1), dt)(h, v)
     names, variables = list(leaves), list(leaves.values())
 
     def step(hook=None):
@@ -158,12 +134,8 @@ def cast_during_backward(ck, comm):
     for narrowed in (False, True):
         if narrowed:
             a, b, c, d = variables
-            ac = nn.NdArray((a.size + c.size,))
-            bd = nn.NdArray((b.size + d.size,))
-            a.grad = ac.narrow(0, 0, a.size).view(a.shape)
-            b.grad = bd.narrow(0, 0, b.size).view(b.shape)
-            c.grad = ac.narrow(0, a.size, c.size).view(c.shape)
-            d.grad = bd.narrow(0, b.size, d.size).view(d.shape)
+            share_gradients(a, c)
+            share_gradients(b, d)
         for keep_dtype in (False, True):
             for division, scale in ((False, 1.0), (True, 0.1)):
                 grads = [v.grad for v in variables]

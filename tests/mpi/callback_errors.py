@@ -7,7 +7,13 @@ After every error a correct world all_reduce and a correct callback-driven
 backward run: had any rank entered a collective for the bad call, they
 would be matched against the wrong call, and the job would hang (killed by
 the test's timeout) or abort.
+
+Usage: callback_errors.py [ROUTE]: backward takes the callback as
+function_post_hook ("hook", the default) or in communicator_callbacks
+("callbacks").
 """
+import sys
+
 import numpy as np
 
 import nnabla as nn
@@ -20,6 +26,16 @@ import nncomm.communicators as C
 from _harness import (Checker, ErrorChecks, contribution, exception_chain,
                       make_comm, nd, reference, scaled_reference,
                       standard_groups, world_gather)
+
+
+ROUTE = sys.argv[1] if len(sys.argv) > 1 else "hook"
+
+
+def backward(loss, cb):
+    if ROUTE == "callbacks":
+        loss.backward(communicator_callbacks=cb)
+    else:
+        loss.backward(function_post_hook=cb)
 
 
 class Errors(ErrorChecks):
@@ -60,7 +76,7 @@ class Errors(ErrorChecks):
         self.loss.forward()
         for p in self.params:
             p.grad.zero()
-        self.loss.backward(function_post_hook=cb)
+        backward(self.loss, cb)
         for i, p in enumerate(self.params):
             ref, tol = scaled_reference([gathered[r][i] for r in world],
                                         1, True)
@@ -140,7 +156,7 @@ def need_grad_disagrees(e):
     cb = comm.all_reduce_callback([W.grad, V.grad], 4)
     ck.count += 1
     try:
-        loss.backward(function_post_hook=cb)
+        backward(loss, cb)
         ck.fail("backward with need_grad differing between ranks",
                 "did not raise")
     except Exception as exc:

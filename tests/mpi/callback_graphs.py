@@ -9,7 +9,12 @@ Each step: rank-dependent inputs, a plain backward whose gradients every
 rank gathers through mpi4py (the reference), then the same backward with
 the callback (a new one per step, or one reused), pack sizes from one
 element to far above the model.
+
+Usage: callback_graphs.py [ROUTE]: the callback passed as
+function_post_hook ("hook", the default) or in communicator_callbacks
+("callbacks").
 """
+import sys
 import warnings
 
 import numpy as np
@@ -20,6 +25,7 @@ from graph_catalogue import CATALOGUE
 
 PACKS = (1, 8, 2 << 20)
 STEPS = 4
+ROUTE = sys.argv[1] if len(sys.argv) > 1 else "hook"
 
 
 def main():
@@ -48,7 +54,7 @@ def main():
                     with warnings.catch_warnings(record=True) as caught:
                         warnings.simplefilter("always")
                         try:
-                            g.run(cb)
+                            g.run(cb, ROUTE)
                         except Exception as e:
                             ck.fail(what, f"backward raised "
                                           f"{exception_chain(e)}")

@@ -45,13 +45,19 @@ class Graph:
         if self.prepare is not None:
             self.prepare()
 
-    def run(self, hook=None):
-        """forward, gradients zeroed, backward with `hook` as the
-        function_post_hook."""
+    def run(self, hook=None, route="hook"):
+        """forward, gradients zeroed, backward with the callback `hook` as
+        the function_post_hook (`route` "hook") or in
+        communicator_callbacks ("callbacks")."""
         self.loss.forward(**self.forward_kwargs)
         for p in self.params:
             p.grad.zero()
-        self.loss.backward(function_post_hook=hook, **self.backward_kwargs)
+        if route == "callbacks":
+            self.loss.backward(communicator_callbacks=hook,
+                               **self.backward_kwargs)
+        else:
+            self.loss.backward(function_post_hook=hook,
+                               **self.backward_kwargs)
 
 
 def _scope_params(scope):

@@ -1,7 +1,9 @@
 """A data-parallel nnabla script as nnabla's users write them: it never
 imports nncomm. Trains a small MLP for a few SGD steps on a fixed global
-batch, each rank on its share, the gradients averaged over the ranks, and
-saves each rank's parameters to OUT.rank<r>.npz.
+batch, each rank on its share, the gradients averaged over the ranks
+during backward by a callback made every step and passed as nnabla-examples
+pass it (``communicator_callbacks=``), and saves each rank's parameters to
+OUT.rank<r>.npz.
 
 Usage: train_data_parallel.py HOW OUT, where HOW is how the script gets
 its communicator:
@@ -69,9 +71,9 @@ solver.set_parameters(params)
 for _ in range(STEPS):
     solver.zero_grad()
     loss.forward()
-    loss.backward()
-    if comm is not None:
-        comm.all_reduce([p.grad for p in params.values()], division=True)
+    cb = None if comm is None else comm.all_reduce_callback(
+        [p.grad for p in params.values()], 2 << 20, division=True)
+    loss.backward(clear_buffer=True, communicator_callbacks=cb)
     solver.update()
 np.savez(f"{OUT}.rank{rank}.npz",
          **{name: p.d for name, p in params.items()})
