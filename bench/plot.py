@@ -48,6 +48,7 @@ METHODS = ("raw", "raw@nd", "nncomm")
 DTYPES = ("float32", "float16")
 SCHEDULES = {"fb": "no communication", "comm": "all-reduce alone",
              "seq": "no overlap", "cb": "callback",
+             "cb_cc": "callback, nnabla's\ncommunicator_callbacks",
              "cb_new": "new callback\neach step",
              "cb_fwd": "callback,\npriority forward",
              "cb_tl": "callback,\ntimeline on"}

@@ -133,7 +133,7 @@ def test_allreduce_bench_csv(bandwidth_csvs):
 def test_callback_bench_csv(breakdown_csv):
     with open(breakdown_csv, newline="") as f:
         rows = {r["schedule"]: r for r in csv.DictReader(f)}
-    assert list(rows) == ["fb", "comm", "seq", "cb"]
+    assert list(rows) == ["fb", "comm", "seq", "cb", "cb_cc"]
     step = {name: float(r["step_ms"]) for name, r in rows.items()}
     for name, r in rows.items():
         assert r["ranks"] == "2"
