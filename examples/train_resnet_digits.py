@@ -8,8 +8,11 @@ Run with any number of ranks:
 It is laid out as nnabla-examples' distributed image classification: one
 communicator, each rank training on its own shard of the data, gradients
 averaged after every backward pass (``--overlap``: during it, by
-``all_reduce_callback``), rank 0 reporting and saving. The 8x8 digits come
-with scikit-learn, so nothing is downloaded.
+``all_reduce_callback`` passed to ``backward(communicator_callbacks=...)``
+as nnabla-examples do), rank 0 reporting and saving. ``--sync-bn``
+normalizes over every rank's batch together, with nnabla's own
+``PF.sync_batch_normalization``. The 8x8 digits come with scikit-learn, so
+nothing is downloaded.
 
 Each epoch shuffles the training set with a seed every rank shares
 (``--seed`` and the epoch) and gives each rank a disjoint slice of it, so
@@ -19,7 +22,9 @@ Batch normalization's running statistics take no gradient, and each rank's
 come from its own shard, so they drift apart. They are averaged over the
 ranks before every evaluation and checkpoint, so that every rank evaluates
 and saves the same model. (Averaging the variances leaves out the spread
-of the ranks' means, negligible for shards of the same data.)
+of the ranks' means, negligible for shards of the same data; with
+``--sync-bn`` the ranks' statistics are those of the global batch, the
+same on every rank.)
 
 ``--checkpoint-dir DIR`` makes rank 0 save, after every epoch, the
 parameters (running statistics included) with ``nn.save_parameters``, the
@@ -72,31 +77,40 @@ def digits(seed):
     return (x_train, y_train), (x_test, y_test)
 
 
-def conv_bn(x, maps, test, name, stride=1):
+def batch_norm(h, test, comm):
+    """Batch normalization: over every rank's batch together where `comm`
+    is given (nnabla's sync batch normalization), else over this rank's."""
+    if comm is None:
+        return PF.batch_normalization(h, batch_stat=not test)
+    return PF.sync_batch_normalization(h, comm, batch_stat=not test)
+
+
+def conv_bn(x, maps, test, comm, name, stride=1):
     """A 3x3 convolution and batch normalization, under ``name``."""
     with nn.parameter_scope(name):
         h = PF.convolution(x, maps, (3, 3), pad=(1, 1), stride=(stride,) * 2,
                            with_bias=False)
-        return PF.batch_normalization(h, batch_stat=not test)
+        return batch_norm(h, test, comm)
 
 
-def resnet(x, test, maps, blocks):
+def resnet(x, test, maps, blocks, comm=None):
     """Logits of a ResNet for 10 classes: a stem convolution, ``blocks``
     residual blocks at 8x8, ``blocks`` at 4x4 with twice the maps (the
     first of them strided, with a projection shortcut), global average
-    pooling and an affine layer."""
-    h = F.relu(conv_bn(x, maps, test, "stem"))
+    pooling and an affine layer; sync batch normalization over `comm`'s
+    ranks where it is given."""
+    h = F.relu(conv_bn(x, maps, test, comm, "stem"))
     for stage, width in enumerate((maps, 2 * maps)):
         for block in range(blocks):
             stride = 2 if stage and not block else 1
             with nn.parameter_scope(f"stage{stage + 1}/block{block + 1}"):
-                r = F.relu(conv_bn(h, width, test, "conv1", stride))
-                r = conv_bn(r, width, test, "conv2")
+                r = F.relu(conv_bn(h, width, test, comm, "conv1", stride))
+                r = conv_bn(r, width, test, comm, "conv2")
                 if stride != 1:
                     with nn.parameter_scope("shortcut"):
-                        h = PF.batch_normalization(PF.convolution(
+                        h = batch_norm(PF.convolution(
                             h, width, (1, 1), stride=(2, 2), with_bias=False),
-                            batch_stat=not test)
+                            test, comm)
                 h = F.relu(h + r)
     return PF.affine(F.mean(h, axis=(2, 3)), 10, name="fc")
 
@@ -199,6 +213,9 @@ def main():
                         help="reduce during backward (all_reduce_callback)")
     parser.add_argument("--pack-size", type=int, default=4096,
                         help="elements per bucket with --overlap")
+    parser.add_argument("--sync-bn", action="store_true",
+                        help="batch normalization over every rank's batch "
+                        "(PF.sync_batch_normalization)")
     parser.add_argument("--checkpoint-dir",
                         help="where rank 0 saves a checkpoint every epoch")
     parser.add_argument("--resume", type=int, nargs="?", const=LATEST,
@@ -217,14 +234,15 @@ def main():
     (x_train, y_train), (x_test, y_test) = digits(args.seed)
     x = nn.Variable((args.batch_size,) + x_train.shape[1:])
     y = nn.Variable((args.batch_size, 1))
-    logits = resnet(x, False, args.maps, args.blocks)
+    sync = comm if args.sync_bn else None
+    logits = resnet(x, False, args.maps, args.blocks, sync)
     # Kept through forward(clear_no_need_grad=True), for the accuracy.
     logits.persistent = True
     loss = F.mean(F.softmax_cross_entropy(logits, y))
     # Each rank evaluates its slice of the test set, in one batch.
     y_shard = y_test[comm.rank::comm.size]
     test_logits = resnet(nn.Variable.from_numpy_array(
-        x_test[comm.rank::comm.size]), True, args.maps, args.blocks)
+        x_test[comm.rank::comm.size]), True, args.maps, args.blocks, sync)
     test_loss = F.sum(F.softmax_cross_entropy(
         test_logits, nn.Variable.from_numpy_array(y_shard)))
 
@@ -274,7 +292,7 @@ def main():
             if args.overlap:
                 cb = comm.all_reduce_callback(grads, args.pack_size,
                                               division=True)
-                loss.backward(clear_buffer=True, function_post_hook=cb)
+                loss.backward(clear_buffer=True, communicator_callbacks=cb)
             else:
                 loss.backward(clear_buffer=True)
                 comm.all_reduce(grads, division=True)

@@ -49,6 +49,24 @@ cdef void remember(dict cache, key, value, int bound):
     cache[key] = value
 
 
+# Per thread: the depth of nncomm calls made by nnabla's own functions
+# during a backward (sync batch normalization's all_reduce, nnabla_types.pxi),
+# which do not mean that the backward in flight stopped.
+_inside = threading.local()
+
+
+cdef class _FromInsideBackward:
+    """Context manager around an nncomm call that an nnabla function makes
+    while backward runs."""
+
+    def __enter__(self):
+        _inside.depth = getattr(_inside, "depth", 0) + 1
+
+    def __exit__(self, *exc):
+        _inside.depth -= 1
+        return False
+
+
 cdef int close_stopped_backwards(str entry, object call=None) except -1:
     """Closes the backwards of this thread that stopped part-way, before
     `entry` (what this thread is doing instead) goes on; `call`: the
@@ -57,9 +75,10 @@ cdef int close_stopped_backwards(str entry, object call=None) except -1:
     A backward stopped by an exception nncomm saw (nncomm.chain_hooks) was
     closed at once; any other means a graph analysis missed the end of
     backward, or an exception nncomm did not see: the gradients were not
-    reduced, so this raises, on every rank where it stopped.
+    reduced, so this raises, on every rank where it stopped. A call made
+    by one of nnabla's functions inside backward closes nothing.
     """
-    if not _in_flight:
+    if not _in_flight or getattr(_inside, "depth", 0):
         return 0
     thread = threading.get_ident()
     for state in list(_in_flight):

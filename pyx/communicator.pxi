@@ -94,6 +94,7 @@ cdef class Communicator:
         with SeveralRanks("initializing nncomm's communicator"):
             self._join_world()
         self._initialized = True
+        take_sync_batch_normalization()
 
     cdef _join_world(self):
         CHKSTATUS(validate())

@@ -16,7 +16,8 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(
     ("train_mlp.py", []), ("train_mlp.py", ["--overlap"]),
     ("train_distributed_solver.py", []), ("train_1bit.py", []),
     ("train_resnet_digits.py", []),
-    ("train_resnet_digits.py", ["--overlap"])])
+    ("train_resnet_digits.py", ["--overlap"]),
+    ("train_resnet_digits.py", ["--overlap", "--sync-bn"])])
 def test_example_keeps_ranks_in_step(script, args):
     run_example(script, "--epochs", "1", *args)
 
@@ -58,3 +59,17 @@ def test_resnet_without_a_checkpoint_fails_on_every_rank(tmp_path):
          "--checkpoint-dir", tmp_path, "--resume"], 2, timeout=120)
     assert code != 0, out + err
     assert err.count(f"no checkpoint in {tmp_path}") == 2, out + err
+
+
+def test_an_unmodified_nnabla_script_trains_on_two_ranks():
+    """examples/nnabla_script.py never imports nncomm: under nncomm's
+    launcher nnabla's own communicator factory, callback route and sync
+    batch normalization reach nncomm."""
+    from launcher import run_command
+    code, out, err, _ = run_command(
+        [sys.executable, "-m", "nncomm.run", "-np", "2",
+         os.path.join(EXAMPLES, "nnabla_script.py")],
+        dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    assert code == 0, out + err
+    found = re.search(r"^2 ranks: test accuracy (\S+)$", out, re.MULTILINE)
+    assert found and float(found.group(1)) > 0.85, out + err

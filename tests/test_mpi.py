@@ -147,6 +147,11 @@ def test_launcher_kills_a_hang():
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.parametrize("n", (1, 2, 3, 4))
+def test_nnabla_sync_batch_normalization_with_nncomm(n):
+    run_worker("sync_batch_norm", n, timeout=120)
+
+
 @pytest.mark.parametrize("n", (1, 2, 3))
 def test_callback_bit_for_bit_in_every_dtype_path(n):
     run_worker("callback_bitwise", n, timeout=120)

@@ -171,15 +171,24 @@ try:
     print("taken", list(x.g))
 except TypeError as e:
     print("refused:", e)
+try:
+    F.sync_batch_normalization(F.reshape(x, (1, 3)), None, None, None, None,
+                               comm).forward()
+    print("sync_batch_normalization taken")
+except TypeError as e:
+    print("sync_batch_normalization refused:", e)
+print("why not:", nncomm.nnabla_types_refused())
 """
 
 
 @pytest.mark.parametrize("version", ["as installed", "1.40.0"])
 def test_communicator_callbacks_only_with_the_nnabla_it_knows(version):
     """nnabla 1.39.0 (installed here) takes the callback in
-    communicator_callbacks=; for any other version nncomm does not use
+    communicator_callbacks= and the communicator in
+    F.sync_batch_normalization; for any other version nncomm does not use
     its declarations of nnabla's types: a hook only, and nnabla's
-    TypeError where it is passed as a communicator callback, no crash."""
+    TypeErrors where nnabla's types are wanted, no crash, and
+    nnabla_types_refused() says why."""
     import subprocess
     import sys
     out = subprocess.run([sys.executable, "-c", VERSION_CHECK, version],
@@ -190,6 +199,11 @@ def test_communicator_callbacks_only_with_the_nnabla_it_knows(version):
     if version == "as installed":
         assert lines[0] == "True False"
         assert lines[2] == "taken [0.0, 2.0, 4.0]"
+        assert lines[3] == "sync_batch_normalization taken"
+        assert lines[4] == "why not:"  # (stripped: nothing to say)
     else:
         assert lines[0] == "False True"
         assert lines[2].startswith("refused:"), lines
+        assert lines[3].startswith("sync_batch_normalization refused:")
+        assert lines[4] == ("why not: nnabla 1.40.0 is not one nncomm "
+                            "knows the types of (1.39.0)")

@@ -30,6 +30,7 @@ _LAZY = {
     "chain_hooks": "nncomm.hooks",
     "sparse_all_reduce": "nncomm.sparse",
     "communicators": "nncomm.communicators",
+    "nnabla_types_refused": "nncomm._nncomm",
     "data_parallel_solver": "nncomm.distributed_solver",
 }
 

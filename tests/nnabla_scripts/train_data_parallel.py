@@ -1,9 +1,11 @@
 """A data-parallel nnabla script as nnabla's users write them: it never
-imports nncomm. Trains a small MLP for a few SGD steps on a fixed global
+imports nncomm. Trains a small MLP with sync batch normalization
+(``PF.sync_batch_normalization``; plain batch normalization on a single
+rank) for a few SGD steps on a fixed global
 batch, each rank on its share, the gradients averaged over the ranks
 during backward by a callback made every step and passed as nnabla-examples
 pass it (``communicator_callbacks=``), and saves each rank's parameters to
-OUT.rank<r>.npz.
+OUT.rank<r>.npz, running statistics included.
 
 Usage: train_data_parallel.py HOW OUT, where HOW is how the script gets
 its communicator:
@@ -63,7 +65,9 @@ share = BATCH // size
 x = nn.Variable.from_numpy_array(x_all[rank * share:(rank + 1) * share])
 t = nn.Variable.from_numpy_array(t_all[rank * share:(rank + 1) * share])
 nn.seed(0)
-h = F.tanh(PF.affine(x, 8, name="hidden"))
+h = PF.affine(x, 8, name="hidden")
+h = F.tanh(PF.batch_normalization(h, name="bn") if comm is None else
+           PF.sync_batch_normalization(h, comm, name="bn"))
 loss = F.mean(F.softmax_cross_entropy(PF.affine(h, CLASSES, name="out"), t))
 params = nn.get_parameters()
 solver = S.Sgd(0.5)
@@ -76,6 +80,7 @@ for _ in range(STEPS):
     loss.backward(clear_buffer=True, communicator_callbacks=cb)
     solver.update()
 np.savez(f"{OUT}.rank{rank}.npz",
-         **{name: p.d for name, p in params.items()})
+         **{name: p.d for name, p in nn.get_parameters(
+             grad_only=False).items()})
 # One write, so that mpiexec never interleaves it with another rank's.
 os.write(sys.stdout.fileno(), f"rank {rank} of {size} trained\n".encode())
