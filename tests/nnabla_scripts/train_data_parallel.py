@@ -1,5 +1,6 @@
 """A data-parallel nnabla script as nnabla's users write them: it never
-imports nncomm. Trains a small MLP with sync batch normalization
+imports nncomm. Trains a small ResNet (a convolution, a residual block,
+pooling, an affine layer) with sync batch normalization
 (``PF.sync_batch_normalization``; plain batch normalization on a single
 rank) for a few SGD steps on a fixed global
 batch, each rank on its share, the gradients averaged over the ranks
@@ -28,7 +29,7 @@ import nnabla.solvers as S
 from nnabla.ext_utils import get_extension_context
 
 HOW, OUT = sys.argv[1], sys.argv[2]
-STEPS, BATCH, FEATURES, CLASSES = 4, 16, 6, 3
+STEPS, BATCH, IMAGE, CLASSES = 4, 16, (2, 5, 5), 3
 
 
 class Wrapper:
@@ -59,16 +60,25 @@ else:
 size, rank = (comm.size, comm.rank) if comm is not None else (1, 0)
 
 rng = np.random.RandomState(0)
-x_all = rng.randn(BATCH, FEATURES).astype(np.float32)
+x_all = rng.randn(BATCH, *IMAGE).astype(np.float32)
 t_all = rng.randint(0, CLASSES, (BATCH, 1))
 share = BATCH // size
 x = nn.Variable.from_numpy_array(x_all[rank * share:(rank + 1) * share])
 t = nn.Variable.from_numpy_array(t_all[rank * share:(rank + 1) * share])
 nn.seed(0)
-h = PF.affine(x, 8, name="hidden")
-h = F.tanh(PF.batch_normalization(h, name="bn") if comm is None else
-           PF.sync_batch_normalization(h, comm, name="bn"))
-loss = F.mean(F.softmax_cross_entropy(PF.affine(h, CLASSES, name="out"), t))
+
+
+def conv_bn(h, name):
+    with nn.parameter_scope(name):
+        h = PF.convolution(h, 4, (3, 3), pad=(1, 1), with_bias=False)
+        return (PF.batch_normalization(h) if comm is None else
+                PF.sync_batch_normalization(h, comm))
+
+
+h = F.relu(conv_bn(x, "stem"))
+h = F.relu(h + conv_bn(F.relu(conv_bn(h, "block1")), "block2"))
+logits = PF.affine(F.mean(h, axis=(2, 3)), CLASSES, name="out")
+loss = F.mean(F.softmax_cross_entropy(logits, t))
 params = nn.get_parameters()
 solver = S.Sgd(0.5)
 solver.set_parameters(params)
