@@ -100,16 +100,21 @@ def _before_solver():
     # is what the solver must see if backward did end there.
     if not _in_flight:
         return
-    thread = threading.get_ident()
     for state in list(_in_flight):
-        bw = (<_CallbackState>state).backward
-        if bw is not None and bw.thread == thread:
-            warnings.warn(
-                f"backward returned before {bw.describe_missing()} ran, "
-                f"which nncomm's graph analysis expected; the remaining "
-                f"gradients were all-reduced when a solver started",
-                RuntimeWarning)
-            (<AllReduceCallback>bw.owner)._flush(bw)
+        flush_stopped((<_CallbackState>state).backward, "when a solver started")
+
+
+cdef int flush_stopped(_Backward bw, str when) except -1:
+    """Reduces, `when`, what is left of `bw` where it is a backward of this
+    thread that returned before functions the graph analysis expected,
+    with a RuntimeWarning."""
+    if bw is None or bw.thread != threading.get_ident():
+        return 0
+    warnings.warn(
+        f"backward returned before {bw.describe_missing()} ran, which "
+        f"nncomm's graph analysis expected; the remaining gradients were "
+        f"all-reduced {when}", RuntimeWarning)
+    return (<AllReduceCallback>bw.owner)._flush(bw)
 
 
 cdef bint _solver_hooked = False
@@ -362,14 +367,7 @@ cdef class AllReduceCallback:
         stopped before functions the graph analysis expected, so its
         remaining gradients are reduced now, as they are, which the
         function_post_hook= route does when a solver starts."""
-        cdef _Backward bw = self.state.backward
-        if bw is not None and bw.thread == threading.get_ident():
-            warnings.warn(
-                f"backward returned before {bw.describe_missing()} ran, "
-                f"which nncomm's graph analysis expected; the remaining "
-                f"gradients were all-reduced as they were", RuntimeWarning)
-            (<AllReduceCallback>bw.owner)._flush(bw)
-        return 0
+        return flush_stopped(self.state.backward, "when backward returned")
 
     cdef int _flush(self, _Backward bw) except -1:
         """Ends a backward whose remaining functions will not run: every

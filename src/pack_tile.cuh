@@ -258,15 +258,17 @@ NNCOMM_HD void convert_row(Dst *dst, const Src *src, size_t begin,
 template <typename Dst, typename Src>
 NNCOMM_HD void move_row(Dst *dst, const Src *src, size_t begin, size_t end,
                         Scaling s, bool copy, Lane lane) {
+  // Zeros and copies move words (the word-copy kernel's code): +0 is all
+  // zero bits in every dtype moved.
+  using Word = std::conditional_t<sizeof(Dst) == 4, uint32_t, uint16_t>;
   if (src == nullptr) {
-    // +0 is all zero bits in every dtype moved.
-    using Word = std::conditional_t<sizeof(Dst) == 4, uint32_t, uint16_t>;
     zero_row(reinterpret_cast<Word *>(dst), begin, end, lane);
     return;
   }
   if constexpr (std::is_same<Dst, Src>::value) {
     if (copy) {
-      copy_row(dst, src, begin, end, lane);
+      copy_row(reinterpret_cast<Word *>(dst),
+               reinterpret_cast<const Word *>(src), begin, end, lane);
       return;
     }
   }

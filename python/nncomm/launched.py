@@ -4,6 +4,7 @@ one of several even where its MPI does not (a launcher of another MPI, or
 none reached), and failures to set up the job are not taken for a
 single-process run."""
 import os
+import sys
 
 from nncomm.errors import CommunicatorError, DataParallelError
 
@@ -38,14 +39,19 @@ def launched_size(environ=None):
     return size, source
 
 
-def mpi_size():
-    """MPI's world size where MPI is initialized, else 1 (MPI is never
-    initialized here)."""
-    import sys
+def job_size():
+    """The job's number of ranks, by its launcher's variables or by MPI's
+    world where MPI is initialized (it is never initialized here), and what
+    the launcher's variable says, or None.
+
+    Returns:
+        tuple: ``(size, source)`` as :func:`launched_size` gives them.
+    """
+    size, source = launched_size()
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
-        return 1
-    return mpi.COMM_WORLD.Get_size()
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        size = max(size, mpi.COMM_WORLD.Get_size())
+    return size, source
 
 
 def check_joined(world_size, environ=None):
@@ -88,8 +94,7 @@ class SeveralRanks:
         if kind is None or not issubclass(kind, Exception) or \
                 issubclass(kind, CommunicatorError):
             return False
-        launched, source = launched_size()
-        size = max(launched, mpi_size())
+        size, source = job_size()
         if size > 1:
             raise DataParallelError(
                 f"{self.what} failed in a job of {size} ranks"

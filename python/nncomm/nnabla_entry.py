@@ -27,7 +27,7 @@ import importlib.abc
 import os
 import sys
 
-from nncomm.launched import SeveralRanks, launched_size, mpi_size
+from nncomm.launched import SeveralRanks, job_size
 
 MODES = ("auto", "nncomm", "off")
 # nnabla 1.39's factory names, the misspelt one included.
@@ -128,7 +128,7 @@ def _create_communicator(util):
             None on a single rank.
         """
         util._current_communicator = None
-        if max(launched_size()[0], mpi_size()) < 2:
+        if job_size()[0] < 2:
             return None
         from nnabla.ext_utils import get_extension_context
         with SeveralRanks("create_communicator()"):
