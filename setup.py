@@ -252,7 +252,7 @@ def communicator_extension():
     return extension(
         "nncomm._nncomm", ["pyx/_nncomm.pyx"] + sources,
         sorted(glob.glob("src/*.cu")),
-        ["src/cuda_unavailable.cpp", "src/cuda_device_group_unavailable.cpp"],
+        ["src/cuda_unavailable.cpp", "src/cuda_device_path_unavailable.cpp"],
         include_dirs=[mpi4py.get_include()] + mpi["include_dirs"],
         library_dirs=list(mpi["library_dirs"]),
         libraries=list(mpi["libraries"]) + ["dl"],

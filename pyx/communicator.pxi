@@ -163,10 +163,7 @@ cdef class Communicator:
         ``NNCOMM_GPU_TRANSPORT`` and the ranks' GPUs decided at its first
         collective on GPU arrays; ``'mpi'`` before that, as for host
         memory."""
-        cdef _Group world = self._world()
-        if world.device:
-            return world.device.get().transport_name().decode()
-        return "mpi"
+        return deref(self._world().core).device_transport().decode()
 
     def is_main(self):
         """
@@ -498,27 +495,15 @@ cdef class Communicator:
         cdef int root = _root(dst, "dst", g, group)
         cdef list data_list = as_ndarray_list(data, "data")
         check_distinct(data_list, "data")
-        cdef Status status
-        cdef GpuArrays gpu = device_arrays(data_list, self._ctx, self._cuda,
-                                           "data", None)
-        cdef DeviceGroup* devices
-        if gpu is not None:
-            if division:
-                check_floating(gpu.dtypes, "data")
-            devices = g.devices(gpu.first())
-            with nogil:
-                status = devices.reduce(gpu.stream, gpu.refs, root, division,
-                                        not inplace)
-            CHKSTATUS(status)
-            return
-        cdef ArrayList arrays = collect(data_list, self._ctx, "data", None,
-                                        False)
+        cdef Placed arrays = place(data_list, self._ctx, self._cuda, "data",
+                                   None)
         if division:
             check_floating(arrays.dtypes, "data")
+        cdef Status status
         with nogil:
-            status = deref(g.core).reduce(arrays.refs, root, division,
-                                          not inplace)
-        CHKSTATUS(status)
+            status = deref(g.core).reduce(arrays.where, arrays.refs, root,
+                                          division, not inplace)
+        g.check(status)
 
     def bcast(self, data, src, bint inplace=False, group="world"):
         """Copies rank ``src``'s arrays into the other ranks' arrays.
@@ -533,21 +518,13 @@ cdef class Communicator:
         cdef _Group g = self._member(group)
         cdef int root = _root(src, "src", g, group)
         cdef list data_list = as_ndarray_list(data, "data")
+        cdef Placed arrays = place(data_list, self._ctx, self._cuda, "data",
+                                   None)
         cdef Status status
-        cdef GpuArrays gpu = device_arrays(data_list, self._ctx, self._cuda,
-                                           "data", None)
-        cdef DeviceGroup* devices
-        if gpu is not None:
-            devices = g.devices(gpu.first())
-            with nogil:
-                status = devices.bcast(gpu.stream, gpu.refs, root, not inplace)
-            CHKSTATUS(status)
-            return
-        cdef ArrayList arrays = collect(data_list, self._ctx, "data", None,
-                                        False)
         with nogil:
-            status = deref(g.core).bcast(arrays.refs, root, not inplace)
-        CHKSTATUS(status)
+            status = deref(g.core).bcast(arrays.where, arrays.refs, root,
+                                         not inplace)
+        g.check(status)
 
     def all_gather(self, ndarray, ndarray_list=None, group="world"):
         """Gathers every rank's ``ndarray`` into every rank: nnabla's
@@ -590,41 +567,20 @@ cdef class Communicator:
         if not _gathers_blocks_of_one_size(ndarray, ndarray_list,
                                            len(g.ranks)):
             return self._all_gatherv(g, ndarray, ndarray_list, group)
+        _check_one(ndarray)
+        cdef Placed send = place([ndarray], self._ctx, self._cuda, "ndarray",
+                                 None)
+        recv_list = as_ndarray_list(ndarray_list, "ndarray_list")
+        _check_blocks(recv_list, "ndarray_list", send.refs[0].count,
+                      len(g.ranks))
+        cdef Placed recv = place(recv_list, self._ctx, self._cuda,
+                                 "ndarray_list", send.dtypes[0])
+        check_same_place(send, recv, "ndarray and ndarray_list")
         cdef Status status
-        cdef GpuArrays send_gpu, recv_gpu
-        cdef ArrayList send, recv
-        cdef DeviceGroup* devices
-        if is_gpu_array(ndarray):
-            send_gpu = collect_gpu([ndarray], "ndarray", None)
-            recv_list = _gpu_list(ndarray_list, "ndarray_list")
-            _check_blocks(recv_list, "ndarray_list", send_gpu.refs[0].count,
-                          len(g.ranks))
-            recv_gpu = collect_gpu(recv_list, "ndarray_list",
-                                   send_gpu.dtypes[0])
-            check_same_stream(send_gpu, recv_gpu)
-        else:
-            if not isinstance(ndarray, NdArray):
-                raise TypeError(
-                    f"ndarray must be an nnabla NdArray, "
-                    f"not {type(ndarray).__name__}")
-            send = collect([ndarray], self._ctx, "ndarray", None, False)
-            recv_list = as_ndarray_list(ndarray_list, "ndarray_list")
-            _check_blocks(recv_list, "ndarray_list", ndarray.size,
-                          len(g.ranks))
-            recv = collect(recv_list, self._ctx, "ndarray_list",
-                           send.dtypes[0], False)
-            if not self._cuda:
-                with nogil:
-                    status = deref(g.core).all_gather(send.refs[0], recv.refs)
-                CHKSTATUS(status)
-                return
-            send_gpu = on_nnabla_stream(send)
-            recv_gpu = on_nnabla_stream(recv)
-        devices = g.devices(send_gpu.first())
         with nogil:
-            status = devices.all_gather(send_gpu.stream, send_gpu.refs[0],
-                                        recv_gpu.refs)
-        CHKSTATUS(status)
+            status = deref(g.core).all_gather(send.where, send.refs[0],
+                                              recv.refs)
+        g.check(status)
 
     cdef _all_gatherv(self, _Group g, ndarray, recv, group):
         """all_gather of arrays whose sizes differ between ranks: into the
@@ -734,19 +690,17 @@ cdef class Communicator:
                          "passed a recv of the wrong size")
         if recv is None:
             recv = _new_array(sent, (sum(received),) + sent.shape[1:])
-        cdef _CallMemory m = _call_memory(g, sent, [recv], "recv",
-                                          self._ctx, self._cuda)
+        cdef Placed out = place([send], self._ctx, self._cuda, "send", None)
+        cdef Placed into = place([recv], self._ctx, self._cuda, "recv",
+                                 sent.dtype)
         cdef vector[size_t] send_counts = [r * row for r in rows]
         cdef vector[size_t] recv_counts = [r * row for r in received]
         cdef Status status
         with nogil:
-            if m.devices == NULL:
-                status = deref(g.core).alltoall(m.send[0], send_counts,
-                                                m.recv[0], recv_counts)
-            else:
-                status = m.devices.alltoall(m.stream, m.send[0], send_counts,
-                                            m.recv[0], recv_counts)
-        CHKSTATUS(status)
+            status = deref(g.core).alltoall(out.where, out.refs[0],
+                                            send_counts, into.refs[0],
+                                            recv_counts)
+        g.check(status)
         return recv, received
 
     def reduce_scatter(self, ndarray_list, ndarray, bint division=False,
@@ -764,51 +718,27 @@ cdef class Communicator:
             group (str): Name of a group.
         """
         cdef _Group g = self._member(group)
-        cdef Status status
-        cdef GpuArrays send_gpu, recv_gpu
-        cdef ArrayList send, recv
-        cdef DeviceGroup* devices
-        if is_gpu_array(ndarray):
-            recv_gpu = collect_gpu([ndarray], "ndarray", None)
-            send_list = _gpu_list(ndarray_list, "ndarray_list")
-            _check_blocks(send_list, "ndarray_list", recv_gpu.refs[0].count,
-                          len(g.ranks))
-            send_gpu = collect_gpu(send_list, "ndarray_list",
-                                   recv_gpu.dtypes[0])
-            check_same_stream(send_gpu, recv_gpu)
-            if division:
-                check_floating(send_gpu.dtypes, "ndarray_list")
-        else:
-            if not isinstance(ndarray, NdArray):
+        _check_one(ndarray)
+        send_list = as_ndarray_list(ndarray_list, "ndarray_list")
+        _check_blocks(send_list, "ndarray_list", elements(ndarray),
+                      len(g.ranks))
+        cdef Placed send = place(send_list, self._ctx, self._cuda,
+                                 "ndarray_list", None)
+        for i, dt in enumerate(send.dtypes):
+            if dt != send.dtypes[0]:
                 raise TypeError(
-                    f"ndarray must be an nnabla NdArray, "
-                    f"not {type(ndarray).__name__}")
-            send_list = as_ndarray_list(ndarray_list, "ndarray_list")
-            _check_blocks(send_list, "ndarray_list", ndarray.size,
-                          len(g.ranks))
-            send = collect(send_list, self._ctx, "ndarray_list", None, False)
-            for i, dt in enumerate(send.dtypes):
-                if dt != send.dtypes[0]:
-                    raise TypeError(
-                        f"ndarray_list mixes dtypes: [0] is "
-                        f"{send.dtypes[0]}, [{i}] is {dt}")
-            if division:
-                check_floating(send.dtypes, "ndarray_list")
-            recv = collect([ndarray], self._ctx, "ndarray", send.dtypes[0],
-                           False)
-            if not self._cuda:
-                with nogil:
-                    status = deref(g.core).reduce_scatter(
-                        send.refs, recv.refs[0], division)
-                CHKSTATUS(status)
-                return
-            send_gpu = on_nnabla_stream(send)
-            recv_gpu = on_nnabla_stream(recv)
-        devices = g.devices(recv_gpu.first())
+                    f"ndarray_list mixes dtypes: [0] is "
+                    f"{send.dtypes[0]}, [{i}] is {dt}")
+        if division:
+            check_floating(send.dtypes, "ndarray_list")
+        cdef Placed recv = place([ndarray], self._ctx, self._cuda, "ndarray",
+                                 send.dtypes[0])
+        check_same_place(send, recv, "ndarray and ndarray_list")
+        cdef Status status
         with nogil:
-            status = devices.reduce_scatter(recv_gpu.stream, send_gpu.refs,
-                                            recv_gpu.refs[0], division)
-        CHKSTATUS(status)
+            status = deref(g.core).reduce_scatter(recv.where, send.refs,
+                                                  recv.refs[0], division)
+        g.check(status)
 
     def all_reduce_callback(self, data, pack_size, bint division=False,
                             group="world", scale_grad=1,
@@ -1031,28 +961,15 @@ cdef int all_reduce_list(_Group g, list arrays, ctx, bint cuda,
     """Communicator.all_reduce's work on `arrays` (checked distinct): on
     their device, or on the memory of NdArrays of context `ctx` (`cuda`: it
     computes on CUDA)."""
-    cdef Status status
-    cdef GpuArrays gpu = device_arrays(arrays, ctx, cuda, "data", None)
-    cdef DeviceGroup* devices
-    cdef Materializer none
-    none.fn = NULL  # device arrays are never left zeroing
-    none.context = NULL
-    if gpu is not None:
-        if division:
-            check_floating(gpu.dtypes, "data")
-        devices = g.devices(gpu.first())
-        with nogil:
-            status = devices.all_reduce(gpu.stream, gpu.refs, division,
-                                        scale, fuse, none)
-        return CHKSTATUS(status)
-    cdef ArrayList host = collect(arrays, ctx, "data", None, True)
+    cdef Placed placed = place(arrays, ctx, cuda, "data", None, True)
     if division:
-        check_floating(host.dtypes, "data")
-    cdef Materializer materialize = host.materializer()
+        check_floating(placed.dtypes, "data")
+    cdef Materializer materialize = placed.materializer()
+    cdef Status status
     with nogil:
-        status = deref(g.core).all_reduce(host.refs, division, scale, fuse,
-                                          materialize)
-    return CHKSTATUS(status)
+        status = deref(g.core).all_reduce(placed.where, placed.refs, division,
+                                          scale, fuse, materialize)
+    return g.check(status)
 
 
 cdef int _root(value, str what, _Group g, group) except -1:
@@ -1068,12 +985,12 @@ cdef int _root(value, str what, _Group g, group) except -1:
     return root
 
 
-cdef list _gpu_list(data, str what):
-    """`data` as a list of GPU arrays, the other side of a call being one."""
-    arrays = as_ndarray_list(data, what)
-    if arrays and not is_gpu_array(arrays[0]):
-        raise TypeError(f"{what} holds NdArrays; ndarray is a GPU array")
-    return arrays
+cdef int _check_one(ndarray) except -1:
+    """Refuses an `ndarray` that is neither an NdArray nor a GPU array."""
+    if not (isinstance(ndarray, NdArray) or is_gpu_array(ndarray)):
+        raise TypeError(f"ndarray must be an nnabla NdArray or a GPU array, "
+                        f"not {type(ndarray).__name__}")
+    return 0
 
 
 cdef _check_blocks(list arrays, str what, Py_ssize_t block, Py_ssize_t ranks):

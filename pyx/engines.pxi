@@ -1,8 +1,9 @@
 # The engine (src/engine.cpp) as Python sees it: made once per bucket plan
 # for all_reduce_callback (callback.pxi), and driven by hand through
 # GradientReducer by code that knows itself when each gradient is final
-# (a CuPy or custom training loop). Host memory is reduced by the group's
-# engine on MPI; device memory by its DeviceGroup's, through the CUDA packer.
+# (a CuPy or custom training loop). The group makes the engine where the
+# gradients lie (Group::create_engine): on MPI in host memory, through the
+# CUDA packer on its device path.
 
 import math
 
@@ -117,7 +118,7 @@ cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
     # per new plan, that a rank whose gradients are elsewhere spoils.
     cdef Status placed
     if device is not None:
-        placed = group.placed(device)
+        placed = deref(group.core).check_placed(device.refs)
     fingerprint = plan_fingerprint(plan)
     if not group.same_everywhere(fingerprint if placed.ok()
                                  else fingerprint ^ 1):
@@ -139,20 +140,16 @@ cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
     # interleave their collectives on a shared one.
     cdef size_t count = len(data)
     cdef int poll_us = engine_poll_us()
-    cdef DeviceGroup* devices = NULL
-    cdef CudaStream stream = NULL
-    cdef Status status
+    cdef Placement where
+    cdef vector[ArrayRef] gradients
     if device is not None:
-        devices = group.devices(device.first())
-        stream = device.stream
+        where = device.placement()
+        gradients = device.refs
+    cdef Status status
     with nogil:
-        if devices == NULL:
-            status = deref(group.core).create_engine(count, plan, poll_us,
-                                                     &engine.engine)
-        else:
-            status = devices.create_engine(stream, count, plan, poll_us,
-                                           &engine.engine)
-    CHKSTATUS(status)
+        status = deref(group.core).create_engine(where, gradients, count,
+                                                 plan, poll_us, &engine.engine)
+    group.check(status)
     # Every rank must know whether every rank has its buffer, or one
     # that failed alone would leave the others waiting for its buckets.
     cdef Status prepared = engine.engine.get().prepare()

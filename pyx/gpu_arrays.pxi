@@ -42,13 +42,12 @@ cdef class GpuArrays:
     # handles for them are); collectives are ordered with it.
     cdef CudaStream stream
 
-    cdef const void* first(self):
-        """The memory of the first array that has some (CuPy gives empty
-        arrays address 0), where the group's device side is made."""
-        for i in range(self.refs.size()):
-            if self.refs[i].count:
-                return self.refs[i].ptr
-        return self.refs[0].ptr
+    cdef Placement placement(self):
+        """On the arrays' device, ordered with their stream."""
+        cdef Placement where
+        where.on_device = True
+        where.stream = self.stream
+        return where
 
 
 cdef GpuArrays collect_gpu(list arrays, str what, dtype):
@@ -96,15 +95,14 @@ cdef GpuArrays collect_gpu(list arrays, str what, dtype):
     return self
 
 
-cdef int check_same_stream(GpuArrays a, GpuArrays b,
-                           str names="ndarray and ndarray_list") except -1:
+cdef int check_same_stream(CudaStream a, CudaStream b, str names) except -1:
     """Refuses the two sides of a call (`names`) coming from different
     streams."""
-    if a.stream != b.stream:
+    if a != b:
         raise ValueError(
             f"{names} come from different CUDA streams "
-            f"({<uintptr_t>a.stream} and {<uintptr_t>b.stream}); synchronise "
-            f"them onto one first")
+            f"({<uintptr_t>a} and {<uintptr_t>b}); synchronise them onto "
+            f"one first")
     return 0
 
 

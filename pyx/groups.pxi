@@ -1,39 +1,23 @@
 # Named groups of world ranks.
 
 cdef class _Group:
-    """A named set of world ranks; `core` (the C++ Group: transport, host
+    """A named set of world ranks; `core` (the C++ Group: transports,
     memory and the queue that orders its collectives) is empty where this
-    rank is not a member. `device`, its collectives on GPU memory, is made
-    when the group first communicates GPU arrays."""
+    rank is not a member."""
     cdef unique_ptr[Group] core
-    cdef unique_ptr[DeviceGroup] device
     cdef readonly list ranks
 
     def __cinit__(self, list ranks):
         self.ranks = ranks
 
-    cdef DeviceGroup* devices(self, const void* ptr) except NULL:
-        """The group's collectives on the GPU holding `ptr`; made (a
-        collective call of the group's ranks) the first time."""
-        cdef Status status
-        if not self.device:
-            with nogil:
-                status = DeviceGroup.Create(deref(self.core), ptr,
-                                            &self.device)
-            CHKSTATUS(status)
-            advice = self.device.get().advice().decode()
-            if advice:
-                # Cython pushes no frame: 1 is the user's call.
-                warnings.warn(advice, RuntimeWarning, stacklevel=1)
-        return self.device.get()
-
-    cdef Status placed(self, GpuArrays arrays):
-        """Whether `arrays` are on the device this group communicates GPU
-        memory on (before its first GPU collective: on one device), asked
-        of this rank alone."""
-        if self.device:
-            return self.device.get().check_device(arrays.refs)
-        return check_on_device(arrays.refs, -1)
+    cdef int check(self, Status status) except -1:
+        """Raises `status`'s error, if any, after the advice of the group's
+        device path, if it was opened by the call."""
+        advice = deref(self.core).take_advice().decode()
+        if advice:
+            # Cython pushes no frame: 1 is the user's call.
+            warnings.warn(advice, RuntimeWarning, stacklevel=1)
+        return CHKSTATUS(status)
 
     cdef bint same_everywhere(self, uint64_t value) except -1:
         """Whether every rank of the group passed the same `value` (one

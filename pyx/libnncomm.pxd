@@ -68,13 +68,23 @@ cdef extern from "nncomm/engine.hpp" namespace "nncomm" nogil:
 
 
 cdef extern from "nncomm/group.hpp" namespace "nncomm" nogil:
+    ctypedef void* CudaStream
+    struct Placement:
+        bool on_device
+        CudaStream stream
+
     cdef cppclass Group:
         @staticmethod
         Status Create(MPI_Comm comm, unique_ptr[Group]* out)
         Status create_subgroup(const vector[int]& ranks, const string& name,
                                unique_ptr[Group]* out)
-        Status create_engine(size_t num_tensors, vector[Bucket] plan,
+        Status create_engine(const Placement& where,
+                             const vector[ArrayRef]& gradients,
+                             size_t num_tensors, vector[Bucket] plan,
                              int poll_us, unique_ptr[Engine]* out)
+        Status check_placed(const vector[ArrayRef]& arrays)
+        const char* device_transport()
+        string take_advice()
         int rank()
         int size()
         int local_rank()
@@ -83,51 +93,24 @@ cdef extern from "nncomm/group.hpp" namespace "nncomm" nogil:
         Status agree(uint64_t value, bool* same)
         Status allgather(const void* send, void* recv, size_t count,
                          DType dt)
-        Status all_reduce(vector[ArrayRef]& arrays, bool division,
-                          float scale, bool fuse, Materializer materialize)
-        Status reduce(const vector[ArrayRef]& arrays, int root,
-                      bool division, bool fuse)
-        Status bcast(const vector[ArrayRef]& arrays, int root, bool fuse)
-        Status all_gather(const ArrayRef& send, const vector[ArrayRef]& recv)
-        Status all_gatherv(const ArrayRef& send, const vector[size_t]& counts,
-                           const vector[ArrayRef]& recv)
-        Status alltoall(const ArrayRef& send, const vector[size_t]& send_counts,
-                        const ArrayRef& recv,
-                        const vector[size_t]& recv_counts)
-        Status reduce_scatter(const vector[ArrayRef]& send,
-                              const ArrayRef& recv, bool division)
-
-
-cdef extern from "nncomm/device_group.hpp" namespace "nncomm" nogil:
-    ctypedef void* CudaStream
-    Status check_on_device(const vector[ArrayRef]& arrays, int device)
-    cdef cppclass DeviceGroup:
-        @staticmethod
-        Status Create(Group& group, const void* on,
-                      unique_ptr[DeviceGroup]* out)
-        const char* transport_name()
-        const string& advice()
-        Status check_device(const vector[ArrayRef]& arrays)
-        Status create_engine(CudaStream compute, size_t num_tensors,
-                             vector[Bucket] plan, int poll_us,
-                             unique_ptr[Engine]* out)
-        Status all_reduce(CudaStream compute, vector[ArrayRef]& arrays,
+        Status all_reduce(const Placement& where, vector[ArrayRef]& arrays,
                           bool division, float scale, bool fuse,
                           Materializer materialize)
-        Status reduce(CudaStream compute, const vector[ArrayRef]& arrays,
+        Status reduce(const Placement& where, const vector[ArrayRef]& arrays,
                       int root, bool division, bool fuse)
-        Status bcast(CudaStream compute, const vector[ArrayRef]& arrays,
+        Status bcast(const Placement& where, const vector[ArrayRef]& arrays,
                      int root, bool fuse)
-        Status all_gather(CudaStream compute, const ArrayRef& send,
+        Status all_gather(const Placement& where, const ArrayRef& send,
                           const vector[ArrayRef]& recv)
-        Status all_gatherv(CudaStream compute, const ArrayRef& send,
+        Status all_gatherv(const Placement& where, const ArrayRef& send,
                            const vector[size_t]& counts,
                            const vector[ArrayRef]& recv)
-        Status alltoall(CudaStream compute, const ArrayRef& send,
+        Status alltoall(const Placement& where, const ArrayRef& send,
                         const vector[size_t]& send_counts,
                         const ArrayRef& recv,
                         const vector[size_t]& recv_counts)
-        Status reduce_scatter(CudaStream compute, const vector[ArrayRef]& send,
+        Status reduce_scatter(const Placement& where,
+                              const vector[ArrayRef]& send,
                               const ArrayRef& recv, bool division)
 
 

@@ -136,7 +136,8 @@ cdef int _check_receivers(_Sent send, list recv, str what) except -1:
                             f"{send.what} is {kind}, and so must be the "
                             f"arrays receiving")
     if gpu:
-        check_same_stream(send.gpu, collect_gpu(recv, what, send.dtype),
+        check_same_stream(send.gpu.stream,
+                          collect_gpu(recv, what, send.dtype).stream,
                           f"{send.what} and {what}")
     return 0
 
@@ -175,15 +176,16 @@ cdef object _exchange_heads(_Group g, mine, bint to_each):
     send.tag = recv.tag = 0
     cdef vector[size_t] counts
     cdef vector[ArrayRef] recvs
+    cdef Placement host
     cdef Status status
     if to_each:
         counts.assign(len(g.ranks), _HEAD)
         with nogil:
-            status = deref(g.core).alltoall(send, counts, recv, counts)
+            status = deref(g.core).alltoall(host, send, counts, recv, counts)
     else:
         recvs.push_back(recv)
         with nogil:
-            status = deref(g.core).all_gather(send, recvs)
+            status = deref(g.core).all_gather(host, send, recvs)
     CHKSTATUS(status)
     return theirs
 
@@ -262,7 +264,7 @@ cdef object _new_array(_Sent send, tuple shape):
     if send.gpu is None:
         return NdArray(shape)
     import cupy
-    cdef uintptr_t ptr = <uintptr_t>send.gpu.first()
+    cdef uintptr_t ptr = <uintptr_t>send.gpu.refs[0].ptr
     device = cupy.cuda.runtime.pointerGetAttributes(ptr).device if ptr \
         else cupy.cuda.runtime.getDevice()
     with cupy.cuda.Device(device), \
@@ -270,59 +272,19 @@ cdef object _new_array(_Sent send, tuple shape):
         return cupy.empty(shape, send.dtype)
 
 
-cdef class _CallMemory:
-    """Where a call's send and receive arrays lie, ready for the core:
-    host memory (`devices` NULL), or a device's, the call ordered with
-    `stream`."""
-    cdef vector[ArrayRef] send
-    cdef vector[ArrayRef] recv
-    cdef DeviceGroup* devices
-    cdef CudaStream stream
-
-
-cdef _CallMemory _call_memory(_Group g, _Sent send, list recv, str what,
-                              ctx, bint cuda):
-    """The memory of a call sending `send` into `recv` (arrays named
-    `what`, checked by _check_receivers or made by _new_array), which take
-    `send`'s dtype; NdArrays of context `ctx` (`cuda`: it computes on
-    CUDA)."""
-    cdef _CallMemory m = _CallMemory.__new__(_CallMemory)
-    cdef ArrayList host_send, host_recv
-    cdef GpuArrays gpu_send = send.gpu
-    cdef GpuArrays gpu_recv
-    if gpu_send is not None:
-        gpu_recv = collect_gpu(recv, what, send.dtype)
-    else:
-        host_send = collect([send.array], ctx, send.what, None, False)
-        host_recv = collect(recv, ctx, what, send.dtype, False)
-        if not cuda:
-            m.send = host_send.refs
-            m.recv = host_recv.refs
-            return m
-        gpu_send = on_nnabla_stream(host_send)
-        gpu_recv = on_nnabla_stream(host_recv)
-    m.devices = g.devices(gpu_send.first())
-    # A new CuPy array names CuPy's stream, but was made on `send`'s.
-    m.stream = gpu_send.stream
-    m.send = gpu_send.refs
-    m.recv = gpu_recv.refs
-    return m
-
-
 cdef int _gather_varying(_Group g, _Sent send, list counts, list recv, ctx,
                          bint cuda) except -1:
     """Group rank r's `send` (`counts[r]` elements) into recv[r], or into
-    the one array of `recv`, after those of the ranks before r."""
-    cdef _CallMemory m = _call_memory(g, send, recv, "ndarray_list", ctx,
-                                      cuda)
+    the one array of `recv` (checked by _check_receivers or made by
+    _new_array), after those of the ranks before r."""
+    cdef Placed sent = place([send.array], ctx, cuda, send.what, None)
+    cdef Placed into = place(recv, ctx, cuda, "ndarray_list", send.dtype)
     cdef vector[size_t] c = counts
     cdef Status status
     with nogil:
-        if m.devices == NULL:
-            status = deref(g.core).all_gatherv(m.send[0], c, m.recv)
-        else:
-            status = m.devices.all_gatherv(m.stream, m.send[0], c, m.recv)
-    return CHKSTATUS(status)
+        status = deref(g.core).all_gatherv(sent.where, sent.refs[0], c,
+                                           into.refs)
+    return g.check(status)
 
 
 cdef bint _gathers_blocks_of_one_size(ndarray, ndarray_list,

@@ -90,7 +90,7 @@ def transports_over_mpi(tmp_path_factory):
     return build(tmp_path_factory, "transports_over_mpi",
                  ["src/collectives.cpp", "src/cuda_device_arrays.cu",
                   "src/cuda_pack.cu", "src/bucket_plan.cpp", "src/pack.cpp",
-                  "src/fusion_buffer.cpp", "src/cuda_device_group.cu",
+                  "src/fusion_buffer.cpp", "src/cuda_device_path.cu",
                   "src/cuda_devices.cu",
                   "src/group.cpp", "src/collective_queue.cpp",
                   "src/host_arrays.cpp", "src/cuda_runner.cu",
@@ -139,8 +139,8 @@ def test_nccl_collectives_on_emulated_devices(transports_over_mpi, ranks,
     (2, "mpi", True, "mpi"),
     (2, "nccl", True, "nccl"),
 ])
-def test_device_group_chooses_its_transport(transports_over_mpi, fake_libnccl,
-                                            ranks, setting, library, chosen):
+def test_device_path_chooses_its_transport(transports_over_mpi, fake_libnccl,
+                                           ranks, setting, library, chosen):
     env = {"NNCOMM_GPU_TRANSPORT": setting,
            "NNCOMM_NCCL_LIBRARY": fake_libnccl if library else
            "no_such_libnccl.so.2"}
@@ -155,7 +155,7 @@ def test_device_group_chooses_its_transport(transports_over_mpi, fake_libnccl,
     (2, False, "NCCL could not be loaded (no_such_libnccl.so.2"),
     (3, True, "ranks of this group share a GPU, which NCCL refuses"),
 ])
-def test_device_group_refuses_nccl_it_cannot_use(
+def test_device_path_refuses_nccl_it_cannot_use(
         transports_over_mpi, fake_libnccl, ranks, library, reason):
     env = {"NNCOMM_GPU_TRANSPORT": "nccl",
            "NNCOMM_NCCL_LIBRARY": fake_libnccl if library else
@@ -164,7 +164,8 @@ def test_device_group_refuses_nccl_it_cannot_use(
                                     env=env, timeout=300)
     assert code != 0, out
     # The ranks say why (the first to fail may abort the others first).
-    assert "DeviceGroup::Create: " in out and reason in out, out + err
+    assert "Group::all_reduce on the device: " in out and reason in out, \
+        out + err
 
 
 @pytest.mark.parametrize("launch", ["eager", "deferred"])

@@ -31,7 +31,6 @@
 #include "nncomm/cuda_staged_transport.hpp"
 #include "nncomm/device_arrays.hpp"
 #include "nncomm/bucket_plan.hpp"
-#include "nncomm/device_group.hpp"
 #include "nncomm/engine.hpp"
 #include "nncomm/group.hpp"
 #include "nncomm/nccl_transport.hpp"
@@ -43,6 +42,14 @@ using namespace nncomm;
 using namespace program;
 
 namespace {
+
+// On the device, ordered with stream `s`.
+Placement on(CudaStream s) {
+  Placement where;
+  where.on_device = true;
+  where.stream = s;
+  return where;
+}
 
 // Element i of rank r's input: small integers, so every sum is exact in
 // every dtype and the reference needs no rounding model.
@@ -468,12 +475,12 @@ void check_lists(DeviceTransport &t, ArrayMemory &memory) {
 // The group's engine over `tensors` gradients planned as `plan`, computed
 // on the legacy default stream (as nnabla-ext-cuda does), its buffer
 // prepared.
-std::unique_ptr<Engine> engine_of(DeviceGroup &devices, size_t tensors,
+std::unique_ptr<Engine> engine_of(Group &group, size_t tensors,
                                   std::vector<Bucket> plan) {
   std::unique_ptr<Engine> engine;
-  ok(devices.create_engine(cudaStreamLegacy, tensors, std::move(plan), 20,
-                           &engine),
-     "DeviceGroup::create_engine");
+  ok(group.create_engine(on(cudaStreamLegacy), {}, tensors, std::move(plan),
+                         20, &engine),
+     "Group::create_engine");
   ok(engine->prepare(), "Engine::prepare");
   return engine;
 }
@@ -482,11 +489,11 @@ std::unique_ptr<Engine> engine_of(DeviceGroup &devices, size_t tensors,
 // on GPU gradients): gradients `a` and `b` written on the legacy default
 // stream, as nnabla-ext-cuda computes, and made ready at once; once
 // finish() returns, work on that stream reads their mean.
-void check_engine(DeviceGroup &devices, DeviceArray &a, DeviceArray &b) {
+void check_engine(Group &group, DeviceArray &a, DeviceArray &b) {
   std::vector<TensorSpec> specs = {{a.n, a.dt}, {b.n, b.dt}};
   std::vector<Bucket> plan = plan_buckets(specs, {1, 0}, 700, false,
                                           DType::kFloat32, 4 * 2000);
-  std::unique_ptr<Engine> engine = engine_of(devices, 2, plan);
+  std::unique_ptr<Engine> engine = engine_of(group, 2, plan);
   for (int k = 0; k < 3; ++k) {
     std::vector<double> va(a.n), vb(b.n), sa(a.n, 0.0), sb(b.n, 0.0);
     for (size_t i = 0; i < a.n; ++i) {
@@ -516,7 +523,7 @@ void check_engine(DeviceGroup &devices, DeviceArray &a, DeviceArray &b) {
 // transport. NCCL's pre-multiplied sum would take the quotient by the
 // ranks as one float16 scalar, a subnormal 0.8 % off for 2 ranks. Each x
 // is 3k with k <= 500, so every step but the last is exact.
-void check_engine_scaled_half(DeviceGroup &devices) {
+void check_engine_scaled_half(Group &group) {
   const size_t n = 6000;
   const float scale = 1.0f / (3 * 65536);
   DeviceArray g(n, DType::kFloat16);
@@ -525,7 +532,7 @@ void check_engine_scaled_half(DeviceGroup &devices) {
       plan_buckets(specs, {0}, 8000, true, DType::kFloat32, 8000);
   if (plan.size() != 1 || !plan[0].direct)
     fail("the float16 gradient should go direct");
-  std::unique_ptr<Engine> engine = engine_of(devices, 1, plan);
+  std::unique_ptr<Engine> engine = engine_of(group, 1, plan);
   const auto k = [](int r, size_t i) { return (i * 7 + r * 13) % 500 + 1; };
   std::vector<double> mine(n), want(n);
   for (size_t i = 0; i < n; ++i) {
@@ -562,7 +569,7 @@ void expect_near(const std::vector<double> &got,
 // divides it while reducing, fused or direct (NNCOMM_DIRECT_BYTES at its
 // default), in all_reduce, reduce and the engine (its buckets in float64,
 // as keep_dtype plans them).
-void check_float64(DeviceGroup &devices) {
+void check_float64(Group &group) {
   const size_t small = 300, large = (size_t(1) << 20) / 8 + 5;
   DeviceArray x(small, DType::kFloat64), y(large, DType::kFloat64);
   std::vector<double> vx(small), vy(large), sx(small, 0.0), sy(large, 0.0);
@@ -590,21 +597,21 @@ void check_float64(DeviceGroup &devices) {
                                 {y.device, large, DType::kFloat64}};
   x.write(vx);
   y.write(vy);
-  ok(devices.all_reduce(nullptr, refs, true, 0.5f, true, Materializer{}),
-     "DeviceGroup::all_reduce of float64");
+  ok(group.all_reduce(on(nullptr), refs, true, 0.5f, true, Materializer{}),
+     "Group::all_reduce of float64");
   expect_near(x.read(), over(times(sx, 0.5), ranks), "float64 fused mean");
   expect_near(y.read(), over(times(sy, 0.5), ranks), "float64 direct mean");
   x.write(vx);
   y.write(vy);
-  ok(devices.reduce(nullptr, refs, 0, true, true),
-     "DeviceGroup::reduce of float64");
+  ok(group.reduce(on(nullptr), refs, 0, true, true),
+     "Group::reduce of float64");
   expect_near(x.read(), rank == 0 ? over(sx, ranks) : vx, "float64 reduce");
   expect_near(y.read(), rank == 0 ? over(sy, ranks) : vy, "float64 reduce");
 
   std::vector<TensorSpec> specs = {{small, DType::kFloat64},
                                    {large, DType::kFloat64}};
   std::unique_ptr<Engine> engine = engine_of(
-      devices, 2,
+      group, 2,
       plan_buckets(specs, {1, 0}, 700, true, DType::kFloat32, 4 * 2000));
   for (int k = 0; k < 2; ++k) {
     ok(engine->begin(0.5f, ranks), "Engine::begin");
@@ -621,7 +628,7 @@ void check_float64(DeviceGroup &devices) {
 // Memory of another device than the group's (the fake has two) is refused
 // before anything is enqueued, in every collective, naming the array and
 // both devices; the group goes on working afterwards.
-void check_other_device_refused(DeviceGroup &devices, DeviceArray &a) {
+void check_other_device_refused(Group &group, DeviceArray &a) {
   int here = 0;
   cuda(cudaGetDevice(&here), "cudaGetDevice");
   cuda(cudaSetDevice(1 - here), "cudaSetDevice");
@@ -644,32 +651,32 @@ void check_other_device_refused(DeviceGroup &devices, DeviceArray &a) {
            (s.ok() ? "accepted" : s.message()));
     ++checks;
   };
-  refused(devices.all_reduce(nullptr, mixed, false, 1.0f, true,
-                             Materializer{}),
+  refused(group.all_reduce(on(nullptr), mixed, false, 1.0f, true,
+                           Materializer{}),
           "all_reduce");
-  refused(devices.bcast(nullptr, mixed, 0, true), "bcast");
-  refused(devices.reduce(nullptr, mixed, 0, false, true), "reduce");
-  refused(devices.all_gather(nullptr, ours, {theirs}), "all_gather");
-  refused(devices.check_device(mixed), "check_device");
+  refused(group.bcast(on(nullptr), mixed, 0, true), "bcast");
+  refused(group.reduce(on(nullptr), mixed, 0, false, true), "reduce");
+  refused(group.all_gather(on(nullptr), ours, {theirs}), "all_gather");
+  refused(group.check_placed(mixed), "check_placed");
   std::vector<ArrayRef> just_ours = {ours};
   a.write(std::vector<double>(a.n, 1.0));
-  ok(devices.all_reduce(nullptr, just_ours, false, 1.0f, true,
-                        Materializer{}),
-     "DeviceGroup::all_reduce after a refusal");
+  ok(group.all_reduce(on(nullptr), just_ours, false, 1.0f, true,
+                      Materializer{}),
+     "Group::all_reduce after a refusal");
   expect(a.read(), std::vector<double>(a.n, double(ranks)),
-         "DeviceGroup::all_reduce after a refusal");
+         "Group::all_reduce after a refusal");
 }
 
-// The device group of the world: the transport every rank chose (NCCL
-// where it loads, NNCOMM_NCCL_LIBRARY, and no two ranks share a device),
-// and the list collectives through it, ordered with the compute stream.
+// The world's device path: the transport every rank chose at the group's
+// first device collective (NCCL where it loads, NNCOMM_NCCL_LIBRARY, and no
+// two ranks share a device), and the list collectives through it, ordered
+// with the compute stream.
 std::string check_group() {
   const size_t n = 1000;
   DeviceArray a(n, DType::kFloat32), b(3 * n, DType::kFloat32);
   std::unique_ptr<Group> group;
   ok(Group::Create(MPI_COMM_WORLD, &group), "Group::Create");
-  std::unique_ptr<DeviceGroup> devices;
-  ok(DeviceGroup::Create(*group, a.device, &devices), "DeviceGroup::Create");
+  std::string advice;
   std::vector<double> mine(n), sum(n, 0.0);
   for (size_t i = 0; i < n; ++i) {
     mine[i] = input(rank, i);
@@ -681,14 +688,17 @@ std::string check_group() {
     b.write(std::vector<double>(3 * n, 1.0));
     std::vector<ArrayRef> refs = {{a.device, n, DType::kFloat32},
                                   {b.device, 3 * n, DType::kFloat32}};
-    ok(devices->all_reduce(nullptr, refs, false, 1.0f, true, Materializer{}),
-       "DeviceGroup::all_reduce");
-    expect(a.read(), sum, "DeviceGroup::all_reduce");
+    // The first opens the group's device path.
+    ok(group->all_reduce(on(nullptr), refs, false, 1.0f, true,
+                         Materializer{}),
+       "Group::all_reduce on the device");
+    if (repeat == 0)
+      advice = group->take_advice();
+    expect(a.read(), sum, "Group::all_reduce");
     expect(b.read(), std::vector<double>(3 * n, double(ranks)),
-           "DeviceGroup::all_reduce");
-    ok(devices->bcast(cudaStreamLegacy, refs, 0, true),
-       "DeviceGroup::bcast");
-    expect(a.read(), sum, "DeviceGroup::bcast");
+           "Group::all_reduce");
+    ok(group->bcast(on(cudaStreamLegacy), refs, 0, true), "Group::bcast");
+    expect(a.read(), sum, "Group::bcast");
   }
   // Rank q sends each rank r its q + 1 elements input(q, r * (q + 1) + i),
   // through the group, ordered with the compute stream.
@@ -706,25 +716,28 @@ std::string check_group() {
   DeviceArray out(mine_total, DType::kFloat32);
   DeviceArray in(expected.size(), DType::kFloat32);
   out.write(out_values);
-  ok(devices->alltoall(nullptr, {out.device, out.n, DType::kFloat32},
-                       out_counts, {in.device, in.n, DType::kFloat32},
-                       in_counts),
-     "DeviceGroup::alltoall");
-  expect(in.read(), expected, "DeviceGroup::alltoall");
-  check_engine(*devices, a, b);
-  check_other_device_refused(*devices, a);
-  check_float64(*devices);
-  check_engine_scaled_half(*devices);
-  if (!devices->advice().empty())
-    std::printf("rank %d: advice: %s\n", rank, devices->advice().c_str());
-  return devices->transport_name();
+  ok(group->alltoall(on(nullptr), {out.device, out.n, DType::kFloat32},
+                     out_counts, {in.device, in.n, DType::kFloat32},
+                     in_counts),
+     "Group::alltoall");
+  expect(in.read(), expected, "Group::alltoall");
+  check_engine(*group, a, b);
+  check_other_device_refused(*group, a);
+  check_float64(*group);
+  check_engine_scaled_half(*group);
+  if (!group->take_advice().empty())
+    fail("the device path's advice is taken once");
+  if (!advice.empty())
+    std::printf("rank %d: advice: %s\n", rank, advice.c_str());
+  return group->device_transport();
 }
 
 // A set-up step of `what` failing on rank `failing` alone, `call` failing
 // there (after `after` calls of it succeed, for the fake runtime's; set
 // in NNCOMM_FAKE_NCCL_FAIL, for the fake NCCL's): "nccl",
-// NcclTransport::Create; "group", DeviceGroup::Create (its transport as
-// NNCOMM_GPU_TRANSPORT says); "engine", the group's create_engine. Every
+// NcclTransport::Create; "group", the opening of the group's device path at
+// its first device collective (its transport as NNCOMM_GPU_TRANSPORT says);
+// "engine", the group's create_engine on the device. Every
 // rank must fail, within 5 s where the test sets NNCOMM_TIMEOUT well above
 // that (so a rank left waiting for the failing one fails here); rank 0
 // prints each rank's error on a line of its own ("rank R failed after S s:
@@ -732,12 +745,15 @@ std::string check_group() {
 void check_setup_failure(const std::string &what, const std::string &call,
                          int failing, int after) {
   DeviceArray a(16, DType::kFloat32);
+  std::vector<ArrayRef> refs = {{a.device, a.n, a.dt}};
   std::unique_ptr<Group> group;
-  std::unique_ptr<DeviceGroup> devices;
   if (what == "group" || what == "engine")
     ok(Group::Create(MPI_COMM_WORLD, &group), "Group::Create");
-  if (what == "engine")
-    ok(DeviceGroup::Create(*group, a.device, &devices), "DeviceGroup::Create");
+  if (what == "engine") {
+    ok(group->all_reduce(on(nullptr), refs, false, 1.0f, true,
+                         Materializer{}),
+       "opening the device path");
+  }
   if (rank == failing && call.rfind("nccl", 0) == 0)
     setenv("NNCOMM_FAKE_NCCL_FAIL", call.c_str(), 1);
   else if (rank == failing)
@@ -751,12 +767,13 @@ void check_setup_failure(const std::string &what, const std::string &call,
     std::unique_ptr<NcclTransport> nccl;
     status = NcclTransport::Create(fake_nccl(), std::move(mpi), &nccl);
   } else if (what == "group") {
-    status = DeviceGroup::Create(*group, a.device, &devices);
+    status = group->all_reduce(on(nullptr), refs, false, 1.0f, true,
+                               Materializer{});
   } else {
     std::vector<TensorSpec> specs = {{a.n, a.dt}};
     std::unique_ptr<Engine> engine;
-    status = devices->create_engine(
-        cudaStreamLegacy, 1,
+    status = group->create_engine(
+        on(cudaStreamLegacy), refs, 1,
         plan_buckets(specs, {0}, 700, false, DType::kFloat32, 4 * 2000), 20,
         &engine);
   }

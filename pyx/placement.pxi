@@ -1,0 +1,52 @@
+# A call's arrays where they lie: the one way from the arrays a user passes
+# to what the core's Group takes (their memory and a Placement), so that no
+# collective branches on host and device memory.
+
+
+cdef class Placed:
+    """A call's arrays, ready for the core: their memory and dtypes, and
+    where they lie (`where`: the host, or a device and the stream their
+    producer works on). Made by :func:`place`."""
+    cdef vector[ArrayRef] refs
+    cdef list dtypes
+    cdef Placement where
+    cdef ArrayList host  # NdArrays in host memory; None on a device
+    cdef bint foreign  # GPU arrays (another framework's), not NdArrays
+
+    cdef Materializer materializer(self):
+        """What writes an array left zeroing (host memory only)."""
+        cdef Materializer none
+        if self.host is not None:
+            return self.host.materializer()
+        none.fn = NULL  # device arrays are never left zeroing
+        none.context = NULL
+        return none
+
+
+cdef Placed place(list arrays, ctx, bint cuda, str what, dtype,
+                  bint zeroing_as_null=False):
+    """`arrays` (named `what`) read and placed: GPU arrays on their device;
+    NdArrays of context `ctx` on its device where it computes on CUDA
+    (`cuda`), on nnabla's stream, in host memory otherwise. `dtype` and
+    `zeroing_as_null` (host memory only) as collect() takes them."""
+    cdef Placed self = Placed.__new__(Placed)
+    cdef GpuArrays gpu = device_arrays(arrays, ctx, cuda, what, dtype)
+    self.foreign = len(arrays) > 0 and is_gpu_array(arrays[0])
+    if gpu is None:
+        self.host = collect(arrays, ctx, what, dtype, zeroing_as_null)
+        self.refs = self.host.refs
+        self.dtypes = self.host.dtypes
+        return self
+    self.refs = gpu.refs
+    self.dtypes = gpu.dtypes
+    self.where = gpu.placement()
+    return self
+
+
+cdef int check_same_place(Placed a, Placed b, str names) except -1:
+    """Refuses the two sides of a call (`names`) mixing GPU arrays and
+    NdArrays, or coming from different streams."""
+    if a.foreign != b.foreign:
+        raise TypeError(f"{names} mix GPU arrays and NdArrays; pass both "
+                        f"of one kind")
+    return check_same_stream(a.where.stream, b.where.stream, names)
