@@ -2,8 +2,10 @@
 # distutils: language = c++
 """nncomm's compiled core: the communicator over MPI."""
 
+from cpython.exc cimport PyErr_Fetch
+from cpython.pycapsule cimport PyCapsule_GetPointer
 from cython.operator cimport dereference as deref
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libcpp cimport bool as cpp_bool
 from libcpp.mutex cimport mutex
 from mpi4py cimport MPI
@@ -11,12 +13,38 @@ from libcore cimport *
 from libnncomm cimport *
 from libnnabla cimport *
 
+import atexit
+import collections
+import hashlib
+import math
 import operator
+import os
+import sys
+import threading
 import warnings
+import zlib
 
+import numpy as np
 from mpi4py import MPI
 
+from nncomm import cuda_context, nccl_wheels, packing
+from nncomm import timeline as timeline_files
+from nncomm.graph import analyze
 from nncomm.launched import SeveralRanks, check_joined
+
+try:
+    import nnabla as nn
+    from nnabla import NdArray, Variable
+except ImportError:
+    # GPU arrays (gpu_arrays.pxi) need no nnabla: nothing is an NdArray, and
+    # there are no parameters to register.
+    nn = None
+
+    class NdArray:
+        pass
+
+    class Variable:
+        pass
 
 include "errors.pxi"
 include "dtypes.pxi"
@@ -25,6 +53,8 @@ include "arrays.pxi"
 include "gpu_arrays.pxi"
 include "placement.pxi"
 include "groups.pxi"
+include "job.pxi"
+include "collectives.pxi"
 include "engines.pxi"
 include "callback.pxi"
 include "nnabla_types.pxi"

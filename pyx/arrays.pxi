@@ -2,22 +2,6 @@
 # and dtype codes, read through NdArray.data_ptr so that collectives work on
 # nnabla's own memory.
 
-from libc.stdint cimport uintptr_t
-
-import zlib
-
-import numpy as np
-
-try:
-    import nnabla as nn
-    from nnabla import NdArray
-except ImportError:
-    # GPU arrays (gpu_arrays.pxi) need no nnabla: nothing is an NdArray.
-    nn = None
-
-    class NdArray:
-        pass
-
 # nnabla's default element type: the dtype of an array never written yet.
 _DEFAULT_DTYPE = np.dtype(np.float32)
 

@@ -8,10 +8,6 @@
 # callback object: a new callback each iteration then still sees, and
 # closes, a backward that stopped part-way.
 
-import threading
-
-from nncomm.graph import analyze
-
 # Bounds on what is kept per set of gradients: analyses of distinct graphs
 # (each keeps its graph alive, so few: a script that builds a new graph
 # every iteration needs only the latest), and engines (one thread each) for
@@ -20,26 +16,10 @@ cdef int _MAX_ANALYSES = 2
 cdef int _MAX_ENGINES = 4
 cdef int _MAX_STATES = 16
 
-cdef dict _WIRE_DTYPES = {
-    "float": np.dtype(np.float32),
-    "half": np.dtype(np.float16),
-    "double": np.dtype(np.float64),
-}
-
-
-cdef dict _FLOAT_CODES = {dt: code for dt, code in _DTYPE_CODES.items()
-                          if dt.kind == "f"}
-
 # The states with a backward in flight, on any thread. A thread that enters
 # nncomm anywhere else (another backward, a collective, a solver) while its
 # own backward is still in flight knows that backward has stopped part-way.
 cdef set _in_flight = set()
-
-
-cdef object wire_dtype_of(ctx):
-    """The dtype a context's type_config reduces in: 'cpu:half' -> float16."""
-    backend = str(ctx.backend[0]) if ctx.backend else "cpu:float"
-    return _WIRE_DTYPES.get(backend.partition(":")[2], _DEFAULT_DTYPE)
 
 
 cdef void remember(dict cache, key, value, int bound):

@@ -5,7 +5,21 @@
 # gradients lie (Group::create_engine): on MPI in host memory, through the
 # CUDA packer on its device path.
 
-import math
+cdef dict _WIRE_DTYPES = {
+    "float": np.dtype(np.float32),
+    "half": np.dtype(np.float16),
+    "double": np.dtype(np.float64),
+}
+
+
+cdef dict _FLOAT_CODES = {dt: code for dt, code in _DTYPE_CODES.items()
+                          if dt.kind == "f"}
+
+
+cdef object wire_dtype_of(ctx):
+    """The dtype a context's type_config reduces in: 'cpu:half' -> float16."""
+    backend = str(ctx.backend[0]) if ctx.backend else "cpu:float"
+    return _WIRE_DTYPES.get(backend.partition(":")[2], _DEFAULT_DTYPE)
 
 
 cdef class _Engine:
@@ -347,3 +361,42 @@ cdef GradientReducer make_reducer(_Group group, list grads, ctx, bint cuda,
     self.divisor = len(group.ranks) if division else 1
     self.active = False
     return self
+
+
+cdef Py_ssize_t _gradient_checks(list grads, pack_size, str what) except -1:
+    """Refuses gradients an engine cannot reduce, and returns `pack_size`
+    as an int."""
+    check_distinct(grads, "data")
+    for i, x in enumerate(grads):
+        dt = dtype_of(x) if not is_gpu_array(x) else \
+            np.dtype(x.__cuda_array_interface__["typestr"])
+        if dt.kind != "f" or dt not in _DTYPE_CODES:
+            raise TypeError(f"data[{i}] is {dt}; gradients must be "
+                            f"float32, float16 or float64")
+    try:
+        size = operator.index(pack_size)
+    except TypeError:
+        raise TypeError(f"pack_size must be an int, "
+                        f"not {type(pack_size).__name__}") from None
+    if size <= 0:
+        raise ValueError(f"pack_size must be a positive number of "
+                         f"elements, got {size}")
+    if not _engine_threads():
+        raise RuntimeError(
+            f"{what} runs MPI on an engine thread and needs MPI initialized "
+            f"with MPI_THREAD_MULTIPLE (mpi4py's default; check "
+            f"mpi4py.rc.thread_level)")
+    return size
+
+
+cdef int _wire_code(ctx, wire_dtype) except -1:
+    """The code of the dtype an engine's buckets travel in: `wire_dtype`
+    (a floating dtype's name, or a numpy dtype), or else the context's."""
+    if wire_dtype is None:
+        return _DTYPE_CODES[wire_dtype_of(ctx)]
+    name = wire_dtype if isinstance(wire_dtype, str) else \
+        np.dtype(wire_dtype).name
+    if name not in ("float32", "float16", "bfloat16", "float64"):
+        raise ValueError(f"wire_dtype must be 'float32', 'float16', "
+                         f"'bfloat16' or 'float64', not {wire_dtype!r}")
+    return DTYPE_CODES[name]

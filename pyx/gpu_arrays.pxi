@@ -2,9 +2,6 @@
 # memory with __cuda_array_interface__ (CuPy's arrays, among others), read
 # without nnabla, with the stream their producer works on.
 
-from libc.stdint cimport uintptr_t
-
-
 # nnabla-ext-cuda computes on the legacy default stream: CUDA's handle 1.
 cdef uintptr_t _NNABLA_STREAM = 1
 

@@ -15,7 +15,6 @@
 # used: all_reduce_callback returns the plain AllReduceCallback, and
 # F.sync_batch_normalization is left as nnabla has it.
 
-from cpython.pycapsule cimport PyCapsule_GetPointer
 
 # The nnabla versions nnabla_abi.hpp was written for.
 _NNABLA_ABI_VERSIONS = ("1.39.0",)

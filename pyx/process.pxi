@@ -3,10 +3,6 @@
 # whose wait failed aborts the job at exit instead of hanging in
 # MPI_Finalize with an operation pending (src/wait.cpp).
 
-import atexit
-
-from cpython.exc cimport PyErr_Fetch
-
 
 cdef extern from "Python.h":
     # Declared here without Cython's "except -1", which would report a

@@ -4,11 +4,6 @@
 # timeline stops, once every rank has closed its part, or at exit, where the
 # ranks no longer meet, after a bounded wait for the others' parts.
 
-import hashlib
-import os
-import sys
-
-from nncomm import timeline as timeline_files
 
 # Seconds rank 0 waits at exit for the other ranks' parts.
 cdef double _EXIT_WAIT_SECONDS = 10.0

@@ -4,8 +4,6 @@
 # receives and whether any rank's arguments are bad (a rank alone cannot
 # raise without leaving the others waiting); the memory of the call.
 
-import hashlib
-import math
 
 # Columns of a head: what a rank tells the others before the data moves.
 cdef enum:
