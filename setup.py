@@ -7,7 +7,7 @@ the Cython in pyx/ and the C++/CUDA in src/ and include/:
   the PyPI ``mpich`` wheel puts it), then on PATH; ``MPICXX`` names another
   wrapper. ``NNCOMM_MPI=0`` leaves it out (a machine with no MPI to build
   against, where only the packing kernels are wanted). Its GPU path
-  (src/*.cu: packer, device transports, runner, device group) is compiled
+  (src/**/*.cu: packer, device transports, runner, device path) is compiled
   where CUDA is, as below; without it, its entry points say so.
 - ``nncomm.packing``, the bucket packing kernels, which need neither MPI nor
   nnabla.
@@ -135,12 +135,12 @@ def gencode_flags():
 CUDA_SOURCES = {}
 
 # nncomm._quantize's own source, left out of the communicator's.
-QUANTIZE_SOURCE = os.path.join("src", "quantize.cpp")
+QUANTIZE_SOURCE = os.path.join("src", "compression", "quantize.cpp")
 
 # What an extension is rebuilt after besides its sources: setuptools looks
 # at no headers, and knows nothing of the .cu objects BuildExt links in.
-DEPENDS = sorted(glob.glob("include/nncomm/*.hpp") + glob.glob("src/*.cuh")
-                 + glob.glob("src/*.cu"))
+DEPENDS = sorted(glob.glob("include/nncomm/**/*.hpp", recursive=True)
+                 + glob.glob("src/**/*.[hc]*", recursive=True))
 
 
 def in_parallel(jobs, function, items):
@@ -223,7 +223,7 @@ def extension(name, sources, cuda_sources, without_cuda, **kwargs):
     linked with the static CUDA runtime (or the fake, NNCOMM_FAKE_CUDA);
     elsewhere, or where there are none, `without_cuda` stand in for
     them."""
-    kwargs["include_dirs"] = ["include", "pyx"] + \
+    kwargs["include_dirs"] = ["include", "src", "pyx"] + \
         kwargs.get("include_dirs", [])
     if CUDA is None or not cuda_sources:
         return Extension(name, sources=sources + without_cuda,
@@ -232,7 +232,7 @@ def extension(name, sources, cuda_sources, without_cuda, **kwargs):
     nvcc, root = CUDA
     if FAKE_CUDA:
         CUDA_SOURCES[name] = (nvcc, cuda_sources + FAKE_CUDA_SOURCES)
-        kwargs["include_dirs"] += ["src", "tests/cuda_emulation"]
+        kwargs["include_dirs"] += ["tests/cuda_emulation"]
         runtime = ["dl", "pthread"]
     else:
         CUDA_SOURCES[name] = (nvcc, cuda_sources)
@@ -246,13 +246,14 @@ def extension(name, sources, cuda_sources, without_cuda, **kwargs):
 def communicator_extension():
     import mpi4py
     mpi = mpi_build_flags()
-    sources = [s for s in sorted(glob.glob("src/*.cpp"))
+    sources = [s for s in sorted(glob.glob("src/**/*.cpp", recursive=True))
                if not os.path.basename(s).startswith("cuda_")
                and s != QUANTIZE_SOURCE]
     return extension(
         "nncomm._nncomm", ["pyx/_nncomm.pyx"] + sources,
-        sorted(glob.glob("src/*.cu")),
-        ["src/cuda_unavailable.cpp", "src/cuda_device_path_unavailable.cpp"],
+        sorted(glob.glob("src/**/*.cu", recursive=True)),
+        ["src/cuda/cuda_unavailable.cpp",
+         "src/cuda/cuda_device_path_unavailable.cpp"],
         include_dirs=[mpi4py.get_include()] + mpi["include_dirs"],
         library_dirs=list(mpi["library_dirs"]),
         libraries=list(mpi["libraries"]) + ["dl"],
@@ -262,9 +263,9 @@ def communicator_extension():
 def packing_extension():
     return extension(
         "nncomm.packing",
-        ["pyx/packing.pyx", "src/pack.cpp", "src/host_ops.cpp"],
-        ["src/cuda_pack.cu", "src/cuda_devices.cu"],
-        ["src/cuda_unavailable.cpp"])
+        ["pyx/packing.pyx", "src/core/pack.cpp", "src/host/elementwise.cpp"],
+        ["src/cuda/cuda_pack.cu", "src/cuda/cuda_devices.cu"],
+        ["src/cuda/cuda_unavailable.cpp"])
 
 
 def quantize_extension():

@@ -3,7 +3,7 @@
 """Quantized gradients with error feedback on raw addresses: the kernels
 behind :class:`nncomm.quantized.QuantizedReducer` (CNTK's 1-bit SGD and its
 N-bit variant). The algorithm and the block layout are spelled out in
-include/nncomm/quantize.hpp.
+include/nncomm/compression/quantize.hpp.
 
 This module needs neither nnabla nor MPI: addresses are plain integers
 (``numpy.ndarray.ctypes.data``, ``nnabla.NdArray.data_ptr(...)``) of host

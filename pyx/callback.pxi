@@ -1,7 +1,7 @@
 # all_reduce_callback: gradients all-reduced by a C++ engine thread while
 # nnabla's backward goes on. The hook here is the framework adapter: it
 # counts, per gradient, the functions still to write it (graph.py), and hands
-# each gradient to the engine (src/engine.cpp) once the last one has.
+# each gradient to the engine (src/core/engine.cpp) once the last one has.
 #
 # What a backward in flight needs lives in the state shared by every
 # callback over the same gradients (_CallbackState.backward), not in a

@@ -1,5 +1,5 @@
 # The element types nncomm moves, by name, with their codes in the C++ core
-# (include/nncomm/dtype.hpp): the one table both extension modules read.
+# (include/nncomm/core/dtype.hpp): the one table both extension modules read.
 # bfloat16 has no numpy dtype; nnabla arrays never hold it, but buckets and
 # the packing API do.
 

@@ -1,4 +1,4 @@
-# The engine (src/engine.cpp) as Python sees it: made once per bucket plan
+# The engine (src/core/engine.cpp) as Python sees it: made once per bucket plan
 # for all_reduce_callback (callback.pxi), and driven by hand through
 # GradientReducer by code that knows itself when each gradient is final
 # (a CuPy or custom training loop). The group makes the engine where the

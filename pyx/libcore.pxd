@@ -6,7 +6,7 @@ from libcpp cimport bool
 from libcpp.string cimport string
 
 
-cdef extern from "nncomm/status.hpp" namespace "nncomm" nogil:
+cdef extern from "nncomm/core/status.hpp" namespace "nncomm" nogil:
     enum class StatusCode(int):
         kOk
         kInvalidArgument
@@ -23,7 +23,7 @@ cdef extern from "nncomm/status.hpp" namespace "nncomm" nogil:
         const string& message()
 
 
-cdef extern from "nncomm/dtype.hpp" namespace "nncomm" nogil:
+cdef extern from "nncomm/core/dtype.hpp" namespace "nncomm" nogil:
     enum class DType(int):
         kFloat32
         kFloat64

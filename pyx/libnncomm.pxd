@@ -13,7 +13,7 @@ from mpi4py.libmpi cimport MPI_Comm
 from libcore cimport DType, Status
 
 
-cdef extern from "nncomm/collectives.hpp" namespace "nncomm" nogil:
+cdef extern from "nncomm/collectives/list_collectives.hpp" namespace "nncomm" nogil:
     struct ArrayRef:
         void* ptr
         size_t count
@@ -25,7 +25,7 @@ cdef extern from "nncomm/collectives.hpp" namespace "nncomm" nogil:
         void* context
 
 
-cdef extern from "nncomm/bucket_plan.hpp" namespace "nncomm" nogil:
+cdef extern from "nncomm/core/bucket_plan.hpp" namespace "nncomm" nogil:
     struct TensorSpec:
         size_t count
         DType dtype
@@ -50,13 +50,13 @@ cdef extern from "nncomm/bucket_plan.hpp" namespace "nncomm" nogil:
     uint64_t plan_fingerprint(const vector[Bucket]& plan)
 
 
-cdef extern from "nncomm/launch_tuner.hpp" namespace "nncomm" nogil:
+cdef extern from "nncomm/core/launch_tuner.hpp" namespace "nncomm" nogil:
     enum class Launch(int):
         kEager
         kDeferred
 
 
-cdef extern from "nncomm/engine.hpp" namespace "nncomm" nogil:
+cdef extern from "nncomm/core/engine.hpp" namespace "nncomm" nogil:
     cdef cppclass Engine:
         Status prepare()
         Status begin(float scale, int divisor)
@@ -67,7 +67,7 @@ cdef extern from "nncomm/engine.hpp" namespace "nncomm" nogil:
         vector[size_t] launched()
 
 
-cdef extern from "nncomm/group.hpp" namespace "nncomm" nogil:
+cdef extern from "nncomm/collectives/group.hpp" namespace "nncomm" nogil:
     ctypedef void* CudaStream
     struct Placement:
         bool on_device
@@ -114,7 +114,7 @@ cdef extern from "nncomm/group.hpp" namespace "nncomm" nogil:
                               const ArrayRef& recv, bool division)
 
 
-cdef extern from "nncomm/config.hpp" namespace "nncomm::config" nogil:
+cdef extern from "nncomm/observability/config.hpp" namespace "nncomm::config" nogil:
     Status validate()
     int engine_poll_us()
     size_t direct_bytes()
@@ -128,14 +128,14 @@ cdef extern from "nncomm/config.hpp" namespace "nncomm::config" nogil:
     CallChecks check_calls()
 
 
-cdef extern from "nncomm/nccl_api.hpp" namespace "nncomm" nogil:
+cdef extern from "nncomm/transports/nccl_api.hpp" namespace "nncomm" nogil:
     cdef cppclass NcclApi:
         pass
     Status load_nccl(const string& path, const NcclApi** api)
     void add_nccl_candidates(const vector[string]& files)
 
 
-cdef extern from "nncomm/timeline.hpp" namespace "nncomm" nogil:
+cdef extern from "nncomm/observability/timeline.hpp" namespace "nncomm" nogil:
     cdef cppclass Timeline:
         @staticmethod
         Status start(const string& path, int rank)
@@ -143,6 +143,6 @@ cdef extern from "nncomm/timeline.hpp" namespace "nncomm" nogil:
         Status stop()
 
 
-cdef extern from "nncomm/wait.hpp" namespace "nncomm" nogil:
+cdef extern from "nncomm/core/wait.hpp" namespace "nncomm" nogil:
     void set_interrupt_check(int (*check)() noexcept nogil)
     void abort_if_broken()

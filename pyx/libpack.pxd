@@ -1,4 +1,4 @@
-# Declarations of bucket packing (include/nncomm/pack.hpp, cuda_pack.hpp):
+# Declarations of bucket packing (include/nncomm/core/pack.hpp, cuda_pack.hpp):
 # the shared layout, its host twin and the CUDA packer. Nothing but externs.
 
 from libc.stddef cimport size_t
@@ -10,7 +10,7 @@ from libcpp.vector cimport vector
 from libcore cimport DType, Status
 
 
-cdef extern from "nncomm/pack.hpp" namespace "nncomm" nogil:
+cdef extern from "nncomm/core/pack.hpp" namespace "nncomm" nogil:
     struct PackSegment:
         const void* tensor
         DType dtype
@@ -35,7 +35,7 @@ cdef extern from "nncomm/pack.hpp" namespace "nncomm" nogil:
                        float scale, int divisor)
 
 
-cdef extern from "nncomm/cuda_pack.hpp" namespace "nncomm" nogil:
+cdef extern from "nncomm/cuda/cuda_pack.hpp" namespace "nncomm" nogil:
     ctypedef void* CudaStream
     ctypedef void* CudaEvent
 
@@ -53,5 +53,5 @@ cdef extern from "nncomm/cuda_pack.hpp" namespace "nncomm" nogil:
                       CudaEvent after)
 
 
-cdef extern from "nncomm/cuda_devices.hpp" namespace "nncomm" nogil:
+cdef extern from "nncomm/cuda/cuda_devices.hpp" namespace "nncomm" nogil:
     Status cuda_device_count(int* count)

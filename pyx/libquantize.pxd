@@ -1,4 +1,4 @@
-# Declarations of quantized gradients (include/nncomm/quantize.hpp).
+# Declarations of quantized gradients (include/nncomm/compression/quantize.hpp).
 # Nothing but externs.
 
 from libc.stddef cimport size_t
@@ -8,7 +8,7 @@ from libcpp cimport bool
 from libcore cimport Status
 
 
-cdef extern from "nncomm/quantize.hpp" namespace "nncomm" nogil:
+cdef extern from "nncomm/compression/quantize.hpp" namespace "nncomm" nogil:
     const int kMinQuantizationBits
     const int kMaxQuantizationBits
 

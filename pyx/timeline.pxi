@@ -1,4 +1,4 @@
-# The timeline (src/timeline.cpp) as the communicator starts and stops it:
+# The timeline (src/observability/timeline.cpp) as the communicator starts and stops it:
 # each rank records into a part of its own beside the file asked for, and
 # rank 0 merges the parts into that file (nncomm/timeline.py) when the
 # timeline stops, once every rank has closed its part, or at exit, where the

@@ -1,6 +1,6 @@
 """nncomm's communicator built without CUDA (NNCOMM_CUDA=0, as where no
 nvcc is): it builds and links, and refuses every collective placed on a
-device in one place (src/cuda_device_path_unavailable.cpp), saying why, on
+device in one place (src/cuda/cuda_device_path_unavailable.cpp), saying why, on
 every rank (tests/mpi/without_cuda.py)."""
 import glob
 import os

@@ -35,13 +35,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPI_PREFIX = os.path.dirname(os.path.dirname(sys.executable))
 EMULATION = "tests/cuda_emulation/"
 # What both programs link: the transports, the waits and the fake runtime.
-COMMON = [EMULATION + "fake_cudart.cpp", "src/cuda_staged_transport.cu",
-          "src/cuda_device_transport.cu", "src/cuda_nccl_transport.cu",
-          EMULATION + "fake_nccl.cpp", "src/nccl_api.cpp",
-          "src/mpi_transport.cpp",
-          "src/stall_inspector.cpp", "src/transport.cpp", "src/wait.cpp",
-          "src/config.cpp", "src/host_ops.cpp", "src/host_memory.cpp",
-          "src/timeline.cpp"]
+COMMON = [EMULATION + "fake_cudart.cpp", "src/transports/cuda_staged_transport.cu",
+          "src/transports/cuda_device_transport.cu", "src/transports/cuda_nccl_transport.cu",
+          EMULATION + "fake_nccl.cpp", "src/transports/nccl_api.cpp",
+          "src/transports/mpi_transport.cpp",
+          "src/observability/stall_inspector.cpp", "src/transports/transport.cpp", "src/core/wait.cpp",
+          "src/observability/config.cpp", "src/host/elementwise.cpp", "src/host/huge_pages.cpp",
+          "src/observability/timeline.cpp"]
 
 
 # The list collectives' arrays of 4 KiB or more go direct, the others fused.
@@ -88,23 +88,23 @@ def fake_libnccl(tmp_path_factory):
 @pytest.fixture(scope="module")
 def transports_over_mpi(tmp_path_factory):
     return build(tmp_path_factory, "transports_over_mpi",
-                 ["src/collectives.cpp", "src/cuda_device_arrays.cu",
-                  "src/cuda_pack.cu", "src/bucket_plan.cpp", "src/pack.cpp",
-                  "src/fusion_buffer.cpp", "src/cuda_device_path.cu",
-                  "src/cuda_devices.cu",
-                  "src/group.cpp", "src/collective_queue.cpp",
-                  "src/host_arrays.cpp", "src/cuda_runner.cu",
-                  "src/engine.cpp", "src/bucket_runner.cpp",
-                  "src/launch_tuner.cpp"])
+                 ["src/collectives/list_collectives.cpp", "src/cuda/cuda_device_arrays.cu",
+                  "src/cuda/cuda_pack.cu", "src/core/bucket_plan.cpp", "src/core/pack.cpp",
+                  "src/core/fusion_buffer.cpp", "src/cuda/cuda_device_path.cu",
+                  "src/cuda/cuda_devices.cu",
+                  "src/collectives/group.cpp", "src/collectives/collective_queue.cpp",
+                  "src/core/array_memory.cpp", "src/cuda/cuda_runner.cu",
+                  "src/core/engine.cpp", "src/core/bucket_runner.cpp",
+                  "src/core/launch_tuner.cpp"])
 
 
 @pytest.fixture(scope="module")
 def engine_over_mpi(tmp_path_factory):
     return build(tmp_path_factory, "engine_over_mpi",
-                 ["src/engine.cpp", "src/bucket_runner.cpp",
-                  "src/cuda_runner.cu", "src/cuda_device_arrays.cu",
-                  "src/cuda_pack.cu", "src/launch_tuner.cpp",
-                  "src/bucket_plan.cpp", "src/pack.cpp"])
+                 ["src/core/engine.cpp", "src/core/bucket_runner.cpp",
+                  "src/cuda/cuda_runner.cu", "src/cuda/cuda_device_arrays.cu",
+                  "src/cuda/cuda_pack.cu", "src/core/launch_tuner.cpp",
+                  "src/core/bucket_plan.cpp", "src/core/pack.cpp"])
 
 
 def run(program, ranks, args, env=None, timeout=300):

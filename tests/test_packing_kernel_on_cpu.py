@@ -1,7 +1,7 @@
 """The CUDA packing code run on the CPU, where there is no GPU
 (tests/cuda_emulation/): the kernel's tile code, tile by tile and thread by
 thread, against the host twin byte for byte; and the packer's host code
-(src/cuda_pack.cu: table slots, uploads, event waits, launch arguments,
+(src/cuda/cuda_pack.cu: table slots, uploads, event waits, launch arguments,
 error paths) on a CPU-side CUDA runtime whose streams run work late and in
 random legal orders. Needs nvcc (to compile the CUDA sources), not a GPU;
 the GPU itself is tested in test_packing_cuda.py."""
@@ -22,7 +22,7 @@ def build(tmp_path_factory, name, flags, sources):
     exe = str(tmp_path_factory.mktemp("emulation") / name)
     subprocess.run(
         [nvcc, "-std=c++17", "-O2", "-Iinclude", "-Isrc"]
-        + flags + sources + ["src/pack.cpp", "src/host_ops.cpp", "-o", exe],
+        + flags + sources + ["src/core/pack.cpp", "src/host/elementwise.cpp", "-o", exe],
         cwd=REPO, check=True, timeout=600)
     return exe
 
@@ -40,7 +40,7 @@ def packer_emulator(tmp_path_factory):
     return build(tmp_path_factory, "emulate_packer",
                  ["-cudart", "none", "-arch=sm_80"],
                  [EMULATION + "emulate_packer.cu",
-                  EMULATION + "fake_cudart.cpp", "src/cuda_pack.cu"])
+                  EMULATION + "fake_cudart.cpp", "src/cuda/cuda_pack.cu"])
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -2,7 +2,7 @@
 N-bit variant, with error feedback, over a communicator's group.
 
 Each rank encodes its gradients (``bits`` per element and two floats per
-column, include/nncomm/quantize.hpp), the ranks exchange the encodings in
+column, include/nncomm/compression/quantize.hpp), the ranks exchange the encodings in
 one all-gather (sums of codes are not codes), and every rank decodes every
 rank's and sums them in rank order, so that all end with the same
 gradients, bit for bit.

@@ -51,7 +51,7 @@ def positive_int(text):
 
 def seconds(text):
     """A time limit as the ranks read it: seconds, 0 for none, at most
-    1e9 (src/config.cpp); returned in a form C's strtod parses whole."""
+    1e9 (src/observability/config.cpp); returned in a form C's strtod parses whole."""
     try:
         value = float(text)
     except ValueError:

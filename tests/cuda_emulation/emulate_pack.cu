@@ -1,13 +1,13 @@
-// Runs the CUDA packing kernel's code (src/pack_tile.cuh) on the CPU, one
+// Runs the CUDA packing kernel's code (src/cuda/pack_tile.cuh) on the CPU, one
 // tile and one thread at a time, and checks it against the host twin
-// (src/pack.cpp) byte for byte: the kernel's indexing, vector/scalar split,
+// (src/core/pack.cpp) byte for byte: the kernel's indexing, vector/scalar split,
 // dispatch and arithmetic, tested where there is no GPU. Threads of a block
 // write disjoint elements, so running them one after another is one of the
 // orders a GPU may run them in.
 //
 // Built and run by tests/test_packing_kernel_on_cpu.py:
-//   nvcc -std=c++17 -Iinclude -Isrc emulate_pack.cu src/pack.cpp
-//        src/host_ops.cpp -o emulate_pack && ./emulate_pack CASES SEED
+//   nvcc -std=c++17 -Iinclude -Isrc emulate_pack.cu src/core/pack.cpp
+//        src/host/elementwise.cpp -o emulate_pack && ./emulate_pack CASES SEED
 // Prints "emulate_pack: N cases passed" or the first mismatch (exit 1).
 #include <algorithm>
 #include <cstdint>
@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "nncomm/pack.hpp"
-#include "pack_tile.cuh"
+#include "nncomm/core/pack.hpp"
+#include "cuda/pack_tile.cuh"
 #include "random_values.hpp"
 
 using namespace nncomm;

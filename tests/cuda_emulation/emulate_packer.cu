@@ -1,4 +1,4 @@
-// Runs the CUDA packer (src/cuda_pack.cu: its table slots, uploads, event
+// Runs the CUDA packer (src/cuda/cuda_pack.cu: its table slots, uploads, event
 // waits, launch ordering and arguments, device switching, error paths) on
 // the CPU, against the runtime of fake_cudart.cpp, whose streams run work
 // late and in a random order that keeps only CUDA's promises; every bucket
@@ -8,8 +8,8 @@
 //
 // Built and run by tests/test_packing_kernel_on_cpu.py:
 //   nvcc -std=c++17 -cudart none -arch=sm_80 -Iinclude -Isrc
-//        emulate_packer.cu fake_cudart.cpp src/cuda_pack.cu src/pack.cpp
-//        src/host_ops.cpp -o emulate_packer && ./emulate_packer SEED
+//        emulate_packer.cu fake_cudart.cpp src/cuda/cuda_pack.cu src/core/pack.cpp
+//        src/host/elementwise.cpp -o emulate_packer && ./emulate_packer SEED
 // Prints "emulate_packer: all scenarios passed" or the first failure
 // (exit 1); the fake runtime stops with exit 3 on misuse it can see.
 #include <cuda_runtime.h>
@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "fake_cudart.hpp"
-#include "nncomm/cuda_pack.hpp"
+#include "nncomm/cuda/cuda_pack.hpp"
 #include "random_values.hpp"
 
 using namespace nncomm;

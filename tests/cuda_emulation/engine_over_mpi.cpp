@@ -1,4 +1,4 @@
-// The callback engine on GPU memory (src/engine.cpp with src/cuda_runner.cu
+// The callback engine on GPU memory (src/core/engine.cpp with src/cuda/cuda_runner.cu
 // on the host-staged transport) over real MPI, on the device memory of
 // fake_cudart.cpp, whose streams run work late and in random legal orders.
 // Each iteration "computes" every gradient on the compute stream (the
@@ -25,12 +25,12 @@
 
 #include "fake_cudart.hpp"
 #include "mpi_program.hpp"
-#include "nncomm/bucket_plan.hpp"
-#include "nncomm/cuda_runner.hpp"
-#include "nncomm/cuda_staged_transport.hpp"
-#include "nncomm/engine.hpp"
-#include "nncomm/host_ops.hpp"
-#include "nncomm/mpi_transport.hpp"
+#include "nncomm/core/bucket_plan.hpp"
+#include "nncomm/cuda/cuda_runner.hpp"
+#include "nncomm/transports/staged_transport.hpp"
+#include "nncomm/core/engine.hpp"
+#include "nncomm/host/elementwise.hpp"
+#include "nncomm/transports/mpi_transport.hpp"
 
 using namespace nncomm;
 using namespace program;

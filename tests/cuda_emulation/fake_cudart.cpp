@@ -1,5 +1,5 @@
 // A CUDA runtime on the CPU, for testing the packer's host code
-// (src/cuda_pack.cu) where there is no GPU: the runtime calls it makes,
+// (src/cuda/cuda_pack.cu) where there is no GPU: the runtime calls it makes,
 // linked in place of cudart (nvcc -cudart none).
 //
 // It is meant to be adversarial, not merely permissive. Device memory is
@@ -17,7 +17,7 @@
 // is pack_tile.cuh's move_bucket_tile, run block by block and thread by
 // thread (as tests/cuda_emulation/emulate_pack.cu does).
 #include "fake_cudart.hpp"
-#include "pack_tile.cuh"
+#include "cuda/pack_tile.cuh"
 
 #include <cuda_runtime.h>
 #include <cxxabi.h>

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "fake_cudart.hpp"
-#include "nncomm/bfloat16.hpp"
-#include "nncomm/host_ops.hpp"
+#include "nncomm/host/bfloat16.hpp"
+#include "nncomm/host/elementwise.hpp"
 
 using namespace nncomm;
 

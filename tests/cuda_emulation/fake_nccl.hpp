@@ -10,7 +10,7 @@
 // so that the other ranks' succeed.
 #pragma once
 
-#include "nncomm/nccl_api.hpp"
+#include "nncomm/transports/nccl_api.hpp"
 
 // The table NcclTransport calls.
 const nncomm::NcclApi &fake_nccl();

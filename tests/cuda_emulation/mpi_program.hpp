@@ -12,7 +12,7 @@
 #include <string>
 #include <thread>
 
-#include "nncomm/status.hpp"
+#include "nncomm/core/status.hpp"
 
 namespace program {
 

@@ -8,8 +8,8 @@
 #include <random>
 #include <string>
 
-#include "nncomm/bfloat16.hpp"
-#include "nncomm/dtype.hpp"
+#include "nncomm/host/bfloat16.hpp"
+#include "nncomm/core/dtype.hpp"
 
 namespace nncomm {
 

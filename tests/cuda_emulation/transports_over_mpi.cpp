@@ -1,7 +1,7 @@
 // The GPU transports over real MPI, on the device memory of
 // fake_cudart.cpp, whose streams run work late and in random legal orders:
-// the host-staged transport (src/cuda_staged_transport.cu) or the NCCL
-// transport (src/cuda_nccl_transport.cu) on fake_nccl.cpp. Every
+// the host-staged transport (src/transports/cuda_staged_transport.cu) or the NCCL
+// transport (src/transports/cuda_nccl_transport.cu) on fake_nccl.cpp. Every
 // collective, with its inputs written by work still pending on the compute
 // stream and its results read by work enqueued there afterwards, against a
 // reference computed here. A missing wait between the compute stream and
@@ -27,16 +27,16 @@
 #include "fake_cudart.hpp"
 #include "mpi_program.hpp"
 #include "fake_nccl.hpp"
-#include "nncomm/collectives.hpp"
-#include "nncomm/cuda_staged_transport.hpp"
-#include "nncomm/device_arrays.hpp"
-#include "nncomm/bucket_plan.hpp"
-#include "nncomm/engine.hpp"
-#include "nncomm/group.hpp"
-#include "nncomm/nccl_transport.hpp"
-#include "nncomm/host_ops.hpp"
-#include "nncomm/mpi_transport.hpp"
-#include "nncomm/wait.hpp"
+#include "nncomm/collectives/list_collectives.hpp"
+#include "nncomm/transports/staged_transport.hpp"
+#include "nncomm/cuda/device_arrays.hpp"
+#include "nncomm/core/bucket_plan.hpp"
+#include "nncomm/core/engine.hpp"
+#include "nncomm/collectives/group.hpp"
+#include "nncomm/transports/nccl_transport.hpp"
+#include "nncomm/host/elementwise.hpp"
+#include "nncomm/transports/mpi_transport.hpp"
+#include "nncomm/core/wait.hpp"
 
 using namespace nncomm;
 using namespace program;

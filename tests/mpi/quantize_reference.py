@@ -1,5 +1,5 @@
 """numpy reference of the quantized gradients (CNTK's 1-bit SGD and its
-N-bit variant, include/nncomm/quantize.hpp), written out from the
+N-bit variant, include/nncomm/compression/quantize.hpp), written out from the
 specification, for tests/test_quantize.py and tests/mpi/quantized.py.
 
 Every sum whose order matters is spelled out: the 1-bit means are

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "nncomm/nccl_api.hpp"
+#include "nncomm/transports/nccl_api.hpp"
 
 int main(int argc, char **argv) {
   for (int i = 1; i < argc; ++i) {

@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "nncomm/dtype.hpp"
-#include "nncomm/status.hpp"
+#include "nncomm/core/dtype.hpp"
+#include "nncomm/core/status.hpp"
 
 namespace unit {
 

@@ -6,10 +6,10 @@
 #include <thread>
 
 #include "check.hpp"
-#include "nncomm/bfloat16.hpp"
-#include "nncomm/fingerprint.hpp"
-#include "nncomm/host_ops.hpp"
-#include "nncomm/wait.hpp"
+#include "nncomm/host/bfloat16.hpp"
+#include "nncomm/core/fingerprint.hpp"
+#include "nncomm/host/elementwise.hpp"
+#include "nncomm/core/wait.hpp"
 
 namespace unit {
 

@@ -34,7 +34,7 @@
 #include <utility>
 #include <vector>
 
-#include "nncomm/transport.hpp"
+#include "nncomm/transports/transport.hpp"
 
 namespace unit {
 

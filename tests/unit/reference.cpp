@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "check.hpp"
-#include "nncomm/bfloat16.hpp"
+#include "nncomm/host/bfloat16.hpp"
 
 namespace unit {
 

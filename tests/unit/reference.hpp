@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "check.hpp"
-#include "nncomm/dtype.hpp"
+#include "nncomm/core/dtype.hpp"
 
 namespace unit {
 

@@ -8,8 +8,8 @@
 
 #include "check.hpp"
 #include "fake_transport.hpp"
-#include "nncomm/collectives.hpp"
-#include "nncomm/config.hpp"
+#include "nncomm/collectives/list_collectives.hpp"
+#include "nncomm/observability/config.hpp"
 #include "reference.hpp"
 
 using namespace nncomm;

@@ -18,9 +18,9 @@
 
 #include "check.hpp"
 #include "fake_transport.hpp"
-#include "nncomm/config.hpp"
-#include "nncomm/engine.hpp"
-#include "nncomm/bucket_runner.hpp"
+#include "nncomm/observability/config.hpp"
+#include "nncomm/core/engine.hpp"
+#include "nncomm/core/bucket_runner.hpp"
 #include "reference.hpp"
 
 using namespace nncomm;

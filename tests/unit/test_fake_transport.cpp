@@ -6,7 +6,7 @@
 
 #include "check.hpp"
 #include "fake_transport.hpp"
-#include "nncomm/wait.hpp"
+#include "nncomm/core/wait.hpp"
 #include "reference.hpp"
 
 using namespace nncomm;

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "check.hpp"
-#include "nncomm/host_ops.hpp"
-#include "nncomm/scaling.hpp"
+#include "nncomm/host/elementwise.hpp"
+#include "nncomm/core/scaling.hpp"
 
 using namespace nncomm;
 using namespace unit;

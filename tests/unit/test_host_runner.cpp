@@ -6,8 +6,8 @@
 
 #include "check.hpp"
 #include "fake_transport.hpp"
-#include "nncomm/bucket_runner.hpp"
-#include "nncomm/wait.hpp"
+#include "nncomm/core/bucket_runner.hpp"
+#include "nncomm/core/wait.hpp"
 #include "reference.hpp"
 
 using namespace nncomm;

@@ -3,7 +3,7 @@
 #include <functional>
 
 #include "check.hpp"
-#include "nncomm/launch_tuner.hpp"
+#include "nncomm/core/launch_tuner.hpp"
 
 using namespace nncomm;
 

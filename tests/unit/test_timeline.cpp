@@ -14,9 +14,9 @@
 
 #include "check.hpp"
 #include "fake_transport.hpp"
-#include "nncomm/bucket_runner.hpp"
-#include "nncomm/engine.hpp"
-#include "nncomm/timeline.hpp"
+#include "nncomm/core/bucket_runner.hpp"
+#include "nncomm/core/engine.hpp"
+#include "nncomm/observability/timeline.hpp"
 #include "reference.hpp"
 
 using namespace nncomm;

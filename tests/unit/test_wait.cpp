@@ -11,8 +11,8 @@
 
 #include "check.hpp"
 #include "fake_transport.hpp"
-#include "nncomm/config.hpp"
-#include "nncomm/wait.hpp"
+#include "nncomm/observability/config.hpp"
+#include "nncomm/core/wait.hpp"
 #include "reference.hpp"
 
 using namespace nncomm;

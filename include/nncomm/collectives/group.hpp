@@ -1,0 +1,133 @@
+// Group: this rank's side of one named group of ranks: its transport, the
+// host memory its list collectives pack in, the queue that orders its
+// collectives (collective_queue.hpp), and, from its first collective
+// placed on a device, its DevicePath (device_path.hpp). The binding makes
+// every collective on a group through here, each in its turn, so
+// collectives from several threads never interleave on a transport; each
+// takes a Placement, so the binding never branches on where memory is. Its
+// list collectives are recorded on the timeline under their names
+// (timeline.hpp), with the group's name.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <mpi.h>
+
+#include "nncomm/collectives/collective_queue.hpp"
+#include "nncomm/collectives/list_collectives.hpp"
+#include "nncomm/core/array_memory.hpp"
+#include "nncomm/core/bucket_plan.hpp"
+#include "nncomm/cuda/cuda_pack.hpp"
+#include "nncomm/collectives/device_path.hpp"
+#include "nncomm/core/engine.hpp"
+#include "nncomm/transports/mpi_transport.hpp"
+
+namespace nncomm {
+
+// Where a collective's arrays lie: host memory, or a CUDA device's, the
+// call ordered with the framework's `stream` there (device_path.hpp).
+struct Placement {
+  bool on_device = false;
+  CudaStream stream = nullptr;
+};
+
+class Group {
+public:
+  // A group of every rank of `comm`, named "world". Collective over
+  // `comm`.
+  static Status Create(MPI_Comm comm, std::unique_ptr<Group> *out);
+  // A group named `name` of this group's ranks `ranks`, numbered in that
+  // order. Every rank of this group calls it; `*out` stays empty where
+  // this rank is not in `ranks`.
+  Status create_subgroup(const std::vector<int> &ranks,
+                         const std::string &name,
+                         std::unique_ptr<Group> *out);
+  // A transport of its own over this group's ranks, for an engine thread
+  // whose collectives must not interleave with the group's. Collective.
+  Status duplicate_transport(std::unique_ptr<MpiTransport> *out);
+  // An engine thread (engine.hpp) reducing `plan`'s buckets of
+  // `num_tensors` tensors placed `where` (on a device: computed on its
+  // stream; `gradients`, the tensors as they are now, are where the
+  // group's device path opens, if it has none yet), on a transport of its
+  // own. Collective.
+  Status create_engine(const Placement &where,
+                       const std::vector<ArrayRef> &gradients,
+                       size_t num_tensors, std::vector<Bucket> plan,
+                       int poll_us, std::unique_ptr<Engine> *out);
+
+  // Whether `arrays` are on the device the group communicates device
+  // memory on (before its first device collective: on one device), asked
+  // of this rank alone: ordered with another device's streams, the group
+  // would read arrays elsewhere while they are written. Every device
+  // collective below checks its arrays; the engine's caller checks its
+  // gradients.
+  Status check_placed(const std::vector<ArrayRef> &arrays);
+  // How the group communicates device memory: "nccl" or "mpi" (before its
+  // first device collective too).
+  const char *device_transport();
+  // What the device path, opened since the last call, advises the user
+  // (device_path.hpp); empty otherwise.
+  std::string take_advice();
+
+  const std::string &name() const { return name_; }
+  int rank() const { return transport_->rank(); }
+  int size() const { return transport_->size(); }
+  int local_rank() const { return transport_->local_rank(); }
+  // Ends the whole job.
+  void abort(int errorcode) const { transport_->abort(errorcode); }
+
+  Status barrier();
+  // Sets `*same` to whether every rank passed the same `value`.
+  Status agree(uint64_t value, bool *same);
+  Status allgather(const void *send, void *recv, size_t count, DType dt);
+  // The list collectives of collectives.hpp, on this group, on arrays
+  // placed `where`.
+  Status all_reduce(const Placement &where, std::vector<ArrayRef> &arrays,
+                    bool division, float scale, bool fuse,
+                    Materializer materialize);
+  Status reduce(const Placement &where, const std::vector<ArrayRef> &arrays,
+                int root, bool division, bool fuse);
+  Status bcast(const Placement &where, const std::vector<ArrayRef> &arrays,
+               int root, bool fuse);
+  Status all_gather(const Placement &where, const ArrayRef &send,
+                    const std::vector<ArrayRef> &recv);
+  Status all_gatherv(const Placement &where, const ArrayRef &send,
+                     const std::vector<size_t> &counts,
+                     const std::vector<ArrayRef> &recv);
+  Status alltoall(const Placement &where, const ArrayRef &send,
+                  const std::vector<size_t> &send_counts,
+                  const ArrayRef &recv,
+                  const std::vector<size_t> &recv_counts);
+  Status reduce_scatter(const Placement &where,
+                        const std::vector<ArrayRef> &send,
+                        const ArrayRef &recv, bool division);
+
+private:
+  Group(std::unique_ptr<MpiTransport> transport, std::string name)
+      : transport_(std::move(transport)), name_(std::move(name)) {}
+
+  // Runs `collective` (named `op` on the timeline, sending `sent`) on
+  // `arrays` where they are placed, in its turn.
+  template <typename Sent>
+  Status run(const Placement &where, const char *op, const Sent &sent,
+             const std::vector<ArrayRef> &arrays,
+             const Collective &collective);
+  // The device path, opened (a collective call) on the device of the first
+  // of `arrays` that has memory the first time.
+  Status device_path(const std::vector<ArrayRef> &arrays, DevicePath **out);
+
+  const std::unique_ptr<MpiTransport> transport_;
+  const std::string name_;
+  HostArrays memory_;
+  CollectiveQueue queue_;
+
+  std::mutex device_mutex_; // guards the three below
+  std::unique_ptr<DevicePath> device_;
+  std::string advice_; // device_'s, until taken
+};
+
+} // namespace nncomm

@@ -1,0 +1,83 @@
+// BucketRunner: how one bucket of an engine's plan is reduced where its
+// tensors live, in the ArrayMemory that holds them (host memory, or a CUDA
+// device's: array_memory.hpp). A direct bucket (one piece of one tensor in
+// the wire dtype, bucket_plan.hpp) is scaled, reduced and divided where it
+// lies; any other goes through one staging buffer, reused for every bucket:
+// packed (scaled, converted to the wire dtype), reduced, unpacked (divided)
+// back. A tensor whose dtype is not the planned one goes through the
+// staging buffer too, converted into and out of the bucket's dtype, so the
+// call stays the one every rank planned. The engine (engine.hpp) keeps the
+// readiness, the plan order and the waiting; a runner only executes. The
+// CUDA runner (cuda_runner.hpp) adds the ordering with the framework's
+// stream.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "nncomm/core/array_memory.hpp"
+#include "nncomm/core/bucket_plan.hpp"
+#include "nncomm/core/dtype.hpp"
+#include "nncomm/core/pack.hpp"
+#include "nncomm/core/status.hpp"
+#include "nncomm/transports/transport.hpp"
+
+namespace nncomm {
+
+// The tensors of an iteration: where each one's element 0 is (nullptr: not
+// written on this rank, reduced as zeros) and its dtype, by tensor index.
+struct TensorTable {
+  const std::vector<void *> &ptrs;
+  const std::vector<DType> &dtypes;
+};
+
+class BucketRunner {
+public:
+  // Reduces on `transport`, which must outlive the runner, staging in
+  // `memory`, which must be where the tensors are and ordered with
+  // `transport`.
+  BucketRunner(Transport &transport, std::unique_ptr<ArrayMemory> memory)
+      : transport_(transport), memory_(std::move(memory)) {}
+  virtual ~BucketRunner() = default;
+  BucketRunner(const BucketRunner &) = delete;
+  BucketRunner &operator=(const BucketRunner &) = delete;
+
+  // Allocates what the largest bucket of `plan` needs, once, so that no
+  // iteration allocates: a rank whose allocation failed half-way through an
+  // iteration could only send zeros.
+  virtual Status prepare(const std::vector<Bucket> &plan);
+  // Bucket `index` of the plan has all its tensors final: called on the
+  // thread that marked the last of them final, as it did (where the
+  // framework's work that wrote them is known to be enqueued).
+  virtual Status ready(size_t index) { return Status::Ok(); }
+  // Starts reducing bucket `index` of the plan, `bucket`: every rank's
+  // segments times `scale`, summed, divided by `divisor`. With `zeros`
+  // (this rank failed), sends zeros and writes nothing back. `*work`
+  // completes with the reduction.
+  Status start(size_t index, const Bucket &bucket, const TensorTable &tensors,
+               float scale, int divisor, bool zeros, WorkPtr *work);
+  // Writes the bucket started last back into its tensors, once its work
+  // has completed.
+  virtual Status finish();
+  // Every bucket of the iteration is reduced and written back: makes the
+  // framework's later work see them. Called on the framework's thread.
+  virtual Status close() { return Status::Ok(); }
+
+protected:
+  // What start() reads of bucket `index` from here on must be what the
+  // framework wrote (ready() was called for it).
+  virtual Status follow(size_t index) { return Status::Ok(); }
+
+private:
+  Transport &transport_;
+  const std::unique_ptr<ArrayMemory> memory_;
+  std::vector<PackSegment> segments_;
+  // The staged bucket started last: unpacked by finish().
+  PackTable table_;
+  char *buffer_ = nullptr;
+  DType wire_ = DType::kFloat32;
+  int divisor_ = 1;
+  bool unpack_ = false;
+};
+
+} // namespace nncomm

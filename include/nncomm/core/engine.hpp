@@ -1,0 +1,194 @@
+// Engine: the background thread that all-reduces gradient buckets while
+// backward goes on.
+//
+// The framework adapter (pyx/callback.pxi) calls mark_ready() as each
+// gradient becomes final. By default the engine's thread launches buckets
+// strictly in plan order, so every rank issues the same calls whatever
+// order its gradients finish in: it waits until the next bucket's tensors
+// are all ready and has its BucketRunner reduce it (times `scale`, summed,
+// divided by `divisor`), waiting on the transport as its Polling says.
+//
+// Buckets go out as soon as they are ready, or all once the last is ready,
+// as the LaunchTuner says.
+//
+// Priority order (BytePS's: what the next forward needs first is sent
+// first), for a plan whose buckets do not all have one priority
+// (bucket_plan.hpp). The ranks agree which buckets are ready on every rank,
+// as Horovod's coordinator does: in a round, each rank adds a 1 per bucket
+// it has ready and not yet launched to one int32 all-reduce over the
+// buckets; a sum equal to the group's size means ready everywhere, and
+// those buckets are launched highest priority first (ties in plan order).
+// Every rank sees the same sums, so every rank launches the same buckets in
+// the same order, and the rounds and buckets are one sequence of calls.
+// A rank takes part in the next round when buckets are left to launch and
+// its ready set is complete, or grew since its own last round (under the
+// deferred schedule a set counts as empty until it is complete, so there
+// is one round, once every rank has every bucket). That is deadlock-free:
+// after a round that left buckets, a rank whose set is complete comes at
+// once, and every other rank's set is bound to grow, since backward makes
+// each gradient final (or fail() makes every bucket count) without waiting
+// for communication; so every rank comes to every round, and none to a
+// round after the last bucket went out, which every rank knows alike. It
+// is bounded: as every rank comes to every round, the k-th round finds
+// each incomplete set holding k of the n buckets at least, so only the
+// first n-1 rounds can find one incomplete, and a round that finds every
+// set complete launches all that is left: at most n rounds an iteration.
+// It does not spin: a round in which buckets were ready on some ranks only
+// (one rank ahead, or gradients finishing in opposite orders) is not
+// repeated until some rank has more.
+//
+// A rank that fails locally mid-iteration (fail()) still sends every
+// remaining bucket, zero-filled (for the rounds, its set is complete), so
+// that no rank is left waiting; after the last bucket, once finish() is
+// called, the ranks sum a failure flag and the iteration's time, so every
+// rank learns whether some rank failed before it finished, and every
+// rank's tuner sees the same times.
+//
+// While the timeline is on (timeline.hpp), the engine records each
+// iteration from begin() to the return of finish() ("backward", with
+// finish()'s wait for the thread, "wait_engine"), each gradient made ready,
+// and on the thread's own track each bucket's "pack" (packing, and posting
+// the reduction), "reduce" (waiting for it) and "unpack" (writing it
+// back), the rounds of priority order ("round"), the closing round
+// ("close") and the thread's waits for backward within an iteration
+// ("wait_gradients"). Iterations are numbered across the process's
+// engines, so that each number is one engine's iteration.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nncomm/core/bucket_plan.hpp"
+#include "nncomm/core/bucket_runner.hpp"
+#include "nncomm/core/launch_tuner.hpp"
+#include "nncomm/core/status.hpp"
+#include "nncomm/observability/timeline.hpp"
+#include "nncomm/transports/transport.hpp"
+#include "nncomm/core/wait.hpp"
+
+namespace nncomm {
+
+class Engine {
+public:
+  // Starts the thread, which communicates on `transport` alone (give each
+  // engine its own communicator: two engines on one would interleave their
+  // collectives differently on different ranks), reducing buckets with
+  // `runner` (which works on `transport`). `plan` covers `num_tensors`
+  // tensors by index; it is launched in priority order when its buckets'
+  // priorities differ.
+  Engine(std::unique_ptr<Transport> transport,
+         std::unique_ptr<BucketRunner> runner, size_t num_tensors,
+         std::vector<Bucket> plan, int poll_us);
+  ~Engine();
+  Engine(const Engine &) = delete;
+  Engine &operator=(const Engine &) = delete;
+
+  // Has the runner allocate for the largest bucket (BucketRunner::prepare).
+  // Call before the first begin().
+  Status prepare();
+  // Starts an iteration: every tensor of the plan is pending again. Fails
+  // while the previous iteration is under way (finish() ends it).
+  Status begin(float scale, int divisor);
+  // Tensor `tensor` is final, at `ptr`, holding `dtype`. A dtype other
+  // than the one planned is converted to and from the bucket's dtype.
+  void mark_ready(size_t tensor, void *ptr, DType dtype);
+  // This rank failed: the remaining buckets go out zero-filled, the flag
+  // round tells the other ranks, and finish() returns `message`.
+  void fail(const std::string &message);
+  // Waits until every bucket of the iteration is reduced. Fails with this
+  // rank's own error, an MPI error, a timeout, the news that another rank
+  // failed, or Interrupted when Ctrl-C stopped the wait (the engine then
+  // gives up its reductions: nothing can be sent any more).
+  Status finish();
+  // The schedule of the next iteration; `*decided`: whether the tuner has
+  // settled on it (launch_tuner.hpp).
+  Launch launch(bool *decided);
+  // The buckets of the latest iteration that went out, in that order.
+  std::vector<size_t> launched();
+
+private:
+  // What the thread does next.
+  enum class Step { kWait, kBucket, kRound, kClose, kStop };
+  // Called holding mutex_.
+  Step next_step() const;
+  void run();
+  // finish() but for the timeline.
+  Status end_backward();
+  // The thread waited from `since` (the timeline being on): recorded when
+  // an iteration was under way. Called holding mutex_.
+  void trace_wait(Timeline::Clock::time_point since) const;
+  // Fills in `span`'s args for bucket `b`, when the timeline is on.
+  void trace_bucket(TimelineSpan &span, size_t b) const;
+  // How far a bucket got: a failure while preparing it is this rank's
+  // alone and the bucket can still go out (as zeros); one while it is
+  // reduced is the transport's or the ranks' (they make different calls),
+  // after which nothing more can be sent; one while writing it back is this
+  // rank's alone, the bucket having gone out.
+  enum class Phase { kPreparing, kReducing, kWritingBack };
+  // Reduces bucket `b`; `failed` sends zeros instead. `*reached`: how far
+  // it got.
+  Status reduce_bucket(size_t b, bool failed, Phase *reached);
+  // This rank failed (`message`): the remaining buckets go out as zeros.
+  // Called holding mutex_.
+  void fail_here(const std::string &message);
+  // Nothing more is sent this iteration; finish() reports `status` unless
+  // an earlier error. Called holding mutex_.
+  void end_iteration(const Status &status);
+  // The round after the last bucket: did any rank fail, and how long did
+  // the iteration take on all ranks together (for the tuner)?
+  Status close_iteration(bool failed, bool *any_failed, double *seconds);
+  // A round of priority order: launches_ gains the buckets ready on every
+  // rank. Called holding `lock`, which it releases while it communicates.
+  Status agree_on_ready(std::unique_lock<std::mutex> &lock);
+
+  const std::unique_ptr<Transport> transport_;
+  const std::unique_ptr<BucketRunner> runner_; // uses transport_
+  const std::vector<Bucket> plan_;
+  const bool by_priority_;
+  const std::vector<size_t> priority_order_; // highest first
+  std::atomic<bool> hurry_{false}; // finish() is waiting: poll without pause
+  std::atomic<bool> cancel_{false}; // stop waiting on MPI: being destroyed
+  const Polling polling_;
+  std::vector<std::vector<size_t>> buckets_of_; // tensor -> its buckets
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<size_t> pending_; // bucket -> tensors not ready yet
+  std::vector<void *> ptrs_;    // tensor -> its memory this iteration
+  std::vector<DType> dtypes_;   // tensor -> its dtype this iteration
+  // The buckets to launch this iteration, in order: the plan's, or in
+  // priority order those agreed so far. next_ indexes it; at the plan's
+  // size, the closing round is next.
+  std::vector<size_t> launches_;
+  size_t next_ = 0;
+  size_t ready_ = 0;   // buckets whose tensors are all ready (or failed)
+  size_t offered_ = 0; // ready_ at this rank's latest round
+  std::vector<char> agreed_;    // bucket -> in launches_ (priority order)
+  std::vector<int32_t> round_;  // bucket -> ranks that have it ready
+  // Its next() is this iteration's schedule: it changes only when the
+  // iteration's closing round is recorded.
+  LaunchTuner tuner_;
+  std::chrono::steady_clock::time_point started_;
+  int64_t iteration_ = -1; // the process-wide number of the latest begin()
+  bool active_ = false;  // an iteration is under way
+  bool closing_ = false; // finish() was called: the closing round may go
+  bool stop_ = false;
+  bool failed_here_ = false;
+  bool failed_elsewhere_ = false;
+  std::string failure_;
+  Status error_;
+  float scale_ = 1.0f;
+  int divisor_ = 1;
+
+  std::thread thread_; // last: starts once everything above exists
+};
+
+} // namespace nncomm

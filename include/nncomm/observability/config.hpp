@@ -1,0 +1,85 @@
+// Tunables of the core, with their defaults. Each can be overridden by the
+// environment variable of the same name, read once per process; a value
+// that does not parse makes validate() fail instead of falling back.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+
+#include "nncomm/core/launch_tuner.hpp"
+#include "nncomm/core/status.hpp"
+
+namespace nncomm {
+namespace config {
+
+// Fails naming every NNCOMM_* variable whose value does not parse.
+Status validate();
+
+// Largest piece one MPI reduction is given. MPICH allocates a temporary of
+// the message size for every reduction; above glibc's 32 MiB mmap threshold
+// that temporary is mapped and unmapped on every call, so one 64 MiB
+// all-reduce pays page faults on all of it. Pieces below the threshold reuse
+// heap memory. NNCOMM_CHUNK_BYTES.
+size_t chunk_bytes();
+
+// Arrays at least this large are reduced where they lie instead of being
+// copied into the fusion buffer: for them the two copies cost more than the
+// extra MPI call saves. NNCOMM_DIRECT_BYTES.
+size_t direct_bytes();
+
+// Arrays at least this large are moved onto huge pages before their first
+// direct reduction (see host_memory.hpp). NNCOMM_HUGE_PAGE_BYTES.
+size_t huge_page_bytes();
+
+// Whether collectives check that all ranks of the group make the same call
+// (collective, root, options, array count, sizes and dtypes), so that a
+// mismatch raises ValueError on every rank instead of MPI failing, hanging
+// or mixing data: kNew (the default) compares each call signature the first
+// time it comes (MpiTransport::check_call), kEvery every call
+// (NNCOMM_CHECK_CALLS=1), kOff none (NNCOMM_CHECK_CALLS=0).
+enum class CallChecks { kOff = 0, kNew = 1, kEvery = 2 };
+CallChecks check_calls();
+
+// When the callback engine launches buckets: "eager" (as each is ready),
+// "deferred" (all at the end of backward) or "auto" (the default: timed on
+// the first iterations, see launch_tuner.hpp; empty). NNCOMM_LAUNCH.
+std::optional<Launch> engine_launch();
+
+// How often, in microseconds, the callback engine's thread tests a
+// reduction in flight (0: it spins). NNCOMM_ENGINE_POLL_US.
+int engine_poll_us();
+
+// Seconds any wait for other ranks may last before every waiting rank
+// raises CommunicatorError and the job is aborted; 0: never.
+// NNCOMM_TIMEOUT, default 1800.
+double timeout_seconds();
+
+// Seconds after which a wait is reported as stalled (group rank 0 logs
+// which ranks have not arrived, again every as many seconds); 0: never.
+// NNCOMM_STALL_WARNING, default 60.
+double stall_warning_seconds();
+
+// Which transport carries collectives on CUDA device memory: NCCL, MPI
+// through pinned host memory, or (kAuto, the default) NCCL where it loads
+// on every rank and every rank has a device of its own, else MPI.
+// NNCOMM_GPU_TRANSPORT=auto|nccl|mpi.
+enum class GpuTransport { kAuto = 0, kNccl = 1, kMpi = 2 };
+GpuTransport gpu_transport();
+
+// The NCCL library to load (a path or a file name), default
+// "libnccl.so.2" as the dynamic loader finds it. NNCOMM_NCCL_LIBRARY.
+const std::string &nccl_library();
+
+// Where the timeline is written from the communicator's init() on (the
+// binding starts it: timeline.hpp); "" (the default): no timeline.
+// NNCOMM_TIMELINE.
+const std::string &timeline_path();
+
+// For tests of local failures: staging and fusion buffers of this many
+// bytes or more fail to allocate; 0 (the default): never.
+// NNCOMM_TEST_FAIL_ALLOCATION.
+size_t test_fail_allocation_bytes();
+
+} // namespace config
+} // namespace nncomm

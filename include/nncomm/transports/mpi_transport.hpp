@@ -1,0 +1,109 @@
+// MpiTransport: the Transport over one MPI communicator, on host memory.
+//
+// The transport owns a duplicate of the communicator it is built from, so
+// nncomm's messages never match a user's own MPI traffic, and sets
+// MPI_ERRORS_RETURN on it so failures come back as a Status instead of
+// aborting the job. Every operation is a nonblocking MPI call, so that its
+// wait (wait.hpp) is bounded, and every operation is announced to the
+// stall inspector (stall_inspector.hpp) by a position the same on every
+// rank making the same call. Reductions of large buffers travel in pieces
+// (config::chunk_bytes()), each scaled and divided next to its reduction,
+// while it is still in cache.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_set>
+#include <vector>
+
+#include <mpi.h>
+
+#include "nncomm/observability/stall_inspector.hpp"
+#include "nncomm/transports/transport.hpp"
+
+namespace nncomm {
+
+class MpiTransport : public Transport {
+public:
+  // A transport over a duplicate of `comm`. Collective over `comm`.
+  static Status Create(MPI_Comm comm, std::unique_ptr<MpiTransport> *out);
+  // A transport over the ranks `ranks` of `parent`, numbered in that order.
+  // Collective over those ranks only; `parent`'s other ranks need not call.
+  // A caller outside `ranks` must not call it.
+  static Status CreateGroup(const MpiTransport &parent,
+                            const std::vector<int> &ranks,
+                            std::unique_ptr<MpiTransport> *out);
+  // A transport over a new duplicate of this one's communicator, for a
+  // thread that must not interleave its collectives with others' on this
+  // one. Collective over this transport's ranks.
+  Status Duplicate(std::unique_ptr<MpiTransport> *out) const {
+    return Create(comm_, out);
+  }
+  ~MpiTransport() override;
+  MpiTransport(const MpiTransport &) = delete;
+  MpiTransport &operator=(const MpiTransport &) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  // Rank among the processes that share this one's memory (same host).
+  int local_rank() const { return local_rank_; }
+
+  Status start_allreduce(void *buf, size_t count, DType dt, float scale,
+                         int divisor, WorkPtr *work) override;
+  Status start_reduce(void *buf, size_t count, DType dt, int root,
+                      int divisor, WorkPtr *work) override;
+  Status start_bcast(void *buf, size_t count, DType dt, int root,
+                     WorkPtr *work) override;
+  Status start_allgather(const void *send, void *recv, size_t count,
+                         DType dt, WorkPtr *work) override;
+  Status start_reduce_scatter(const void *send, void *recv, size_t count,
+                              DType dt, int divisor, WorkPtr *work) override;
+  Status start_alltoallv(const void *send, const Blocks &send_blocks,
+                         void *recv, const Blocks &recv_blocks, DType dt,
+                         WorkPtr *work) override;
+  Status start_allgatherv(const void *send, size_t count, void *recv,
+                          const Blocks &blocks, DType dt,
+                          WorkPtr *work) override;
+  Status start_barrier(WorkPtr *work) override;
+  Status agree(uint64_t value, bool *same) override;
+  // Compares on a communicator of its own, so that a rank that did not
+  // compare cannot match the comparison with a collective.
+  Status check_call(uint64_t signature, bool always) override;
+  // Ends the whole job: MPI_Abort on this communicator.
+  void abort(int errorcode) const;
+
+private:
+  explicit MpiTransport(MPI_Comm comm) : comm_(comm) {}
+  // `created`: the request completing the communicator, or null.
+  Status Init(MPI_Request *created);
+  // Opens the next operation, whose `fingerprint` (kind, count, dtype,
+  // root) the stall reports carry: fails at once after an earlier failed
+  // wait. `phase` 1: the check of a call (check_call()).
+  Status begin(uint64_t fingerprint, uint64_t phase = 0);
+  // Starts the operation begin() opened, as `pieces` nonblocking `call`s,
+  // each started once the one before has completed: `start(i, &request)`
+  // starts piece i's, returning MPI's error code, and `finish(i)` runs
+  // once it has completed.
+  template <typename Start, typename Finish>
+  Status start_pieces(const char *call, size_t pieces, Start start,
+                      Finish finish, WorkPtr *work);
+  // Sets `*same` to whether every rank passed the same `value`, compared
+  // on `comm` (this transport's, or the one kept for check_call()).
+  Status same_everywhere(MPI_Comm comm, uint64_t value, bool *same);
+
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 0;
+  int local_rank_ = 0;
+  MPI_Comm check_comm_ = MPI_COMM_NULL; // check_call()'s rounds only
+  // The operation under way: counted, the same on every rank while their
+  // calls match.
+  StallInspector::Position at_;
+  std::unique_ptr<StallInspector> inspector_;
+  // Signatures of calls compared across the ranks, and the fold of every
+  // call's signature since the last comparison.
+  std::unordered_set<uint64_t> checked_;
+  uint64_t unchecked_ = 0;
+};
+
+} // namespace nncomm

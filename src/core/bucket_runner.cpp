@@ -1,0 +1,77 @@
+#include "nncomm/core/bucket_runner.hpp"
+
+#include <algorithm>
+
+namespace nncomm {
+
+namespace {
+
+// Where a direct bucket of this rank lies, in the planned dtype, to be
+// reduced in place; nullptr when it must go through staging instead (not
+// direct, `zeros`, a gradient never written here, one in another dtype
+// than planned, or a scaling the transport would make less precise than
+// packing does: `precise` false).
+void *in_place(const Bucket &bucket, const TensorTable &tensors, bool zeros,
+               bool precise) {
+  const Segment &first = bucket.segments[0];
+  char *ptr = static_cast<char *>(tensors.ptrs[first.tensor]);
+  if (!bucket.direct || zeros || !precise || ptr == nullptr ||
+      tensors.dtypes[first.tensor] != bucket.dtype)
+    return nullptr;
+  return ptr + first.tensor_offset * dtype_size(bucket.dtype);
+}
+
+// `bucket`'s segments as the packer takes them (`*segments` refilled):
+// null tensors, read as zeros, with `zeros`.
+void staged_segments(const Bucket &bucket, const TensorTable &tensors,
+                     bool zeros, std::vector<PackSegment> *segments) {
+  segments->clear();
+  for (const Segment &s : bucket.segments) {
+    segments->push_back({zeros ? nullptr : tensors.ptrs[s.tensor],
+                         tensors.dtypes[s.tensor], s.tensor_offset, s.count});
+  }
+}
+
+} // namespace
+
+Status BucketRunner::prepare(const std::vector<Bucket> &plan) {
+  size_t bytes = 0;
+  for (const Bucket &b : plan)
+    bytes = std::max(bytes, b.count * dtype_size(b.dtype));
+  return memory_->reserve(std::max<size_t>(bytes, 1), &buffer_);
+}
+
+Status BucketRunner::start(size_t index, const Bucket &bucket,
+                           const TensorTable &tensors, float scale,
+                           int divisor, bool zeros, WorkPtr *work) {
+  unpack_ = false;
+  NNCOMM_RETURN_IF_ERROR(follow(index));
+  const bool precise =
+      transport_.scales_precisely(bucket.dtype, scale, divisor);
+  if (void *piece = in_place(bucket, tensors, zeros, precise)) {
+    return transport_.start_allreduce(piece, bucket.count, bucket.dtype, scale,
+                                      divisor, work);
+  }
+  staged_segments(bucket, tensors, zeros, &segments_);
+  NNCOMM_RETURN_IF_ERROR(build_pack_table(segments_.data(), segments_.size(),
+                                          bucket.dtype, &table_));
+  NNCOMM_RETURN_IF_ERROR(
+      memory_->reserve(table_.count * dtype_size(bucket.dtype), &buffer_));
+  const ScalingSplit s = split_scaling(*memory_, bucket.dtype, scale, divisor);
+  NNCOMM_RETURN_IF_ERROR(
+      memory_->pack(table_, buffer_, bucket.dtype, s.pack_scale));
+  wire_ = bucket.dtype;
+  divisor_ = s.unpack_divisor;
+  unpack_ = !zeros;
+  return transport_.start_allreduce(buffer_, table_.count, bucket.dtype,
+                                    s.reduce_scale, s.reduce_divisor, work);
+}
+
+Status BucketRunner::finish() {
+  if (!unpack_)
+    return Status::Ok();
+  unpack_ = false;
+  return memory_->unpack(table_, buffer_, wire_, divisor_);
+}
+
+} // namespace nncomm

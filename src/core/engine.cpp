@@ -1,0 +1,401 @@
+#include "nncomm/core/engine.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+
+#include "nncomm/observability/config.hpp"
+
+namespace nncomm {
+
+namespace {
+
+// The next engine iteration's number, across the process's engines.
+std::atomic<int64_t> next_iteration{0};
+
+bool priorities_differ(const std::vector<Bucket> &plan) {
+  for (const Bucket &b : plan) {
+    if (b.priority != plan[0].priority)
+      return true;
+  }
+  return false;
+}
+
+// The plan's buckets, highest priority first, ties in plan order.
+std::vector<size_t> highest_first(const std::vector<Bucket> &plan) {
+  std::vector<size_t> order(plan.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return plan[a].priority > plan[b].priority;
+  });
+  return order;
+}
+
+} // namespace
+
+Engine::Engine(std::unique_ptr<Transport> transport,
+               std::unique_ptr<BucketRunner> runner, size_t num_tensors,
+               std::vector<Bucket> plan, int poll_us)
+    : transport_(std::move(transport)), runner_(std::move(runner)),
+      plan_(std::move(plan)), by_priority_(priorities_differ(plan_)),
+      priority_order_(highest_first(plan_)),
+      polling_{poll_us, &hurry_, &cancel_},
+      buckets_of_(num_tensors), pending_(plan_.size()),
+      ptrs_(num_tensors, nullptr), dtypes_(num_tensors, DType::kFloat32),
+      launches_(plan_.size()), agreed_(plan_.size()), round_(plan_.size()),
+      tuner_(config::engine_launch()) {
+  for (size_t b = 0; b < plan_.size(); ++b) {
+    for (size_t t : plan_[b].tensors)
+      buckets_of_[t].push_back(b);
+  }
+  std::iota(launches_.begin(), launches_.end(), size_t(0));
+  thread_ = std::thread([this] { run(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  // A reduction still waiting for other ranks gives up, so the join below
+  // (made holding the GIL) is bounded.
+  cancel_ = true;
+  changed_.notify_all();
+  thread_.join();
+}
+
+Status Engine::prepare() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return runner_->prepare(plan_);
+}
+
+Status Engine::begin(float scale, int divisor) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (active_) {
+    // Its thread may be reducing a bucket of that iteration right now.
+    return Status::RuntimeError(
+        "nncomm's engine is still in an iteration; close it (finish()) "
+        "before beginning another");
+  }
+  for (size_t b = 0; b < plan_.size(); ++b) {
+    pending_[b] = plan_[b].tensors.size();
+  }
+  std::fill(ptrs_.begin(), ptrs_.end(), nullptr);
+  if (by_priority_) {
+    launches_.clear();
+    std::fill(agreed_.begin(), agreed_.end(), 0);
+  }
+  next_ = 0;
+  ready_ = 0;
+  offered_ = 0;
+  // Even without buckets the closing round runs: it is how the ranks
+  // learn that one failed.
+  active_ = true;
+  closing_ = false;
+  failed_here_ = failed_elsewhere_ = false;
+  failure_.clear();
+  error_ = Status::Ok();
+  scale_ = scale;
+  divisor_ = divisor;
+  hurry_ = false;
+  iteration_ = next_iteration++;
+  started_ = std::chrono::steady_clock::now();
+  return Status::Ok();
+}
+
+void Engine::mark_ready(size_t tensor, void *ptr, DType dtype) {
+  bool wake = false;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!active_ || failed_here_)
+      return;
+    if (Timeline::on()) {
+      TimelineArgs args;
+      args.iteration = iteration_;
+      args.tensor = static_cast<int64_t>(tensor);
+      Timeline::instant(Track::kGradients, nullptr, std::move(args));
+    }
+    ptrs_[tensor] = ptr;
+    dtypes_[tensor] = dtype;
+    const size_t was_ready = ready_;
+    for (size_t b : buckets_of_[tensor]) {
+      const bool last = --pending_[b] == 0;
+      if (last) {
+        const Status status = runner_->ready(b);
+        if (!status.ok()) {
+          lock.unlock();
+          fail(status.message());
+          return;
+        }
+      }
+      ready_ += last;
+    }
+    // Only when the thread has something to do: a wake-up per bucket costs
+    // backward a context switch.
+    wake = ready_ > was_ready && next_step() != Step::kWait;
+  }
+  if (wake)
+    changed_.notify_all();
+}
+
+void Engine::fail(const std::string &message) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!active_ || failed_here_)
+      return;
+    fail_here(message);
+  }
+  changed_.notify_all();
+}
+
+Status Engine::finish() {
+  const Status status = end_backward();
+  if (Timeline::on()) {
+    TimelineArgs args;
+    args.iteration = iteration_;
+    Timeline::complete(Track::kBackward, "backward", started_,
+                       Timeline::Clock::now(), std::move(args));
+  }
+  return status;
+}
+
+Status Engine::end_backward() {
+  hurry_ = true;
+  std::unique_lock<std::mutex> lock(mutex_);
+  closing_ = true;
+  changed_.notify_all();
+  {
+    TimelineSpan span(Track::kBackward, "wait_engine");
+    if (span.on())
+      span.args().iteration = iteration_;
+    // The thread's own waits are bounded; this one also lets Ctrl-C
+    // through.
+    while (!changed_.wait_for(lock, std::chrono::milliseconds(100),
+                              [this] { return !active_; })) {
+      lock.unlock();
+      const bool stop = interrupted();
+      lock.lock();
+      if (stop) {
+        mark_broken("a wait was interrupted (all_reduce_callback)", false);
+        cancel_ = true;
+        changed_.wait(lock, [this] { return !active_; });
+        return Status::Interrupted();
+      }
+    }
+  }
+  // Whatever happened, the framework's later work must not overtake what
+  // was written back.
+  const Status closed = runner_->close();
+  if (failed_here_)
+    return Status::RuntimeError(failure_);
+  if (!error_.ok())
+    return error_;
+  if (failed_elsewhere_) {
+    return Status::RuntimeError(
+        "another rank of the group failed during this backward; the "
+        "gradients were not all-reduced");
+  }
+  return closed;
+}
+
+Engine::Step Engine::next_step() const {
+  if (stop_)
+    return Step::kStop;
+  if (!active_)
+    return Step::kWait;
+  // The closing round waits for finish(), so that a failure of this rank
+  // up to then reaches the others.
+  if (next_ == plan_.size())
+    return closing_ || failed_here_ ? Step::kClose : Step::kWait;
+  const bool eager = tuner_.next() == Launch::kEager;
+  const bool complete = ready_ == plan_.size();
+  if (next_ < launches_.size()) {
+    // Agreed buckets are ready everywhere; the plan's next must be here.
+    const bool go = by_priority_ || (pending_[launches_[next_]] == 0 &&
+                                     (eager || complete));
+    return go ? Step::kBucket : Step::kWait;
+  }
+  // Priority order, every agreed bucket launched (engine.hpp: when a rank
+  // takes part in a round).
+  return complete || (eager && ready_ > offered_) ? Step::kRound
+                                                  : Step::kWait;
+}
+
+void Engine::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    Step step = next_step();
+    if (step == Step::kWait) {
+      const bool tracing = Timeline::on();
+      const Timeline::Clock::time_point since =
+          tracing ? Timeline::Clock::now() : Timeline::Clock::time_point();
+      changed_.wait(lock, [&] {
+        step = next_step();
+        return step != Step::kWait;
+      });
+      if (tracing)
+        trace_wait(since);
+    }
+    if (step == Step::kStop)
+      return;
+    if (step == Step::kRound) {
+      const Status status = agree_on_ready(lock);
+      if (!status.ok())
+        end_iteration(status); // the ranks may not agree on what is next
+      continue;
+    }
+    const bool failed = failed_here_;
+    if (step == Step::kClose) {
+      lock.unlock();
+      bool any_failed = false;
+      double seconds = 0;
+      OperationLabel label("all_reduce_callback: the round after the last "
+                           "bucket");
+      Status status = close_iteration(failed, &any_failed, &seconds);
+      lock.lock();
+      if (status.ok() && !any_failed)
+        tuner_.record(seconds);
+      failed_elsewhere_ = any_failed;
+      end_iteration(status);
+      continue;
+    }
+    const size_t b = launches_[next_];
+    lock.unlock();
+    Status status;
+    Phase reached;
+    {
+      OperationLabel label("all_reduce_callback: gradient bucket %zu of %zu",
+                           b + 1, plan_.size());
+      status = reduce_bucket(b, failed, &reached);
+    }
+    lock.lock();
+    if (status.ok() || (reached == Phase::kWritingBack && !failed)) {
+      // Sent; a failure to write it back is this rank's alone.
+      ++next_;
+      if (!status.ok())
+        fail_here(status.message());
+    } else if (reached == Phase::kPreparing && !failed) {
+      // Not sent: it goes out as zeros, with the rest.
+      fail_here(status.message());
+    } else {
+      // The ranks no longer agree on what comes next (the transport failed,
+      // or they make different calls), so nothing more is sent.
+      end_iteration(status);
+    }
+  }
+}
+
+void Engine::trace_wait(Timeline::Clock::time_point since) const {
+  // Idle between iterations is no wait for backward; the part of a wait
+  // after begin() is.
+  if (!active_)
+    return;
+  TimelineArgs args;
+  args.iteration = iteration_;
+  Timeline::complete(Track::kEngine, "wait_gradients",
+                     std::max(since, started_), Timeline::Clock::now(),
+                     std::move(args));
+}
+
+void Engine::trace_bucket(TimelineSpan &span, size_t b) const {
+  if (!span.on())
+    return;
+  TimelineArgs &args = span.args();
+  args.iteration = iteration_;
+  args.bucket = static_cast<int64_t>(b);
+  args.bytes = static_cast<int64_t>(plan_[b].count *
+                                    dtype_size(plan_[b].dtype));
+  args.dtype = dtype_name(plan_[b].dtype);
+}
+
+void Engine::end_iteration(const Status &status) {
+  if (!status.ok() && error_.ok())
+    error_ = status;
+  active_ = false;
+  changed_.notify_all();
+}
+
+void Engine::fail_here(const std::string &message) {
+  failed_here_ = true;
+  failure_ = message;
+  std::fill(pending_.begin(), pending_.end(), 0);
+  ready_ = plan_.size();
+}
+
+Status Engine::agree_on_ready(std::unique_lock<std::mutex> &lock) {
+  for (size_t b = 0; b < plan_.size(); ++b)
+    round_[b] = !agreed_[b] && pending_[b] == 0;
+  offered_ = ready_;
+  lock.unlock();
+  Status status;
+  {
+    OperationLabel label("all_reduce_callback: the round that agrees which "
+                         "buckets are ready");
+    TimelineSpan span(Track::kEngine, "round");
+    if (span.on())
+      span.args().iteration = iteration_;
+    status = transport_->host().allreduce(round_.data(), round_.size(),
+                                          DType::kInt32, 1.0f, 1, &polling_);
+  }
+  lock.lock();
+  NNCOMM_RETURN_IF_ERROR(status);
+  for (size_t b : priority_order_) {
+    if (round_[b] == transport_->size()) {
+      launches_.push_back(b);
+      agreed_[b] = 1;
+    }
+  }
+  return Status::Ok();
+}
+
+Status Engine::close_iteration(bool failed, bool *any_failed, double *seconds) {
+  TimelineSpan span(Track::kEngine, "close");
+  if (span.on())
+    span.args().iteration = iteration_;
+  const auto elapsed = std::chrono::steady_clock::now() - started_;
+  int64_t round[2] = {
+      failed ? 1 : 0,
+      std::chrono::duration_cast<std::chrono::microseconds>(elapsed).count()};
+  NNCOMM_RETURN_IF_ERROR(
+      transport_->host().allreduce(round, 2, DType::kInt64, 1.0f, 1,
+                                   &polling_));
+  *any_failed = round[0] > 0;
+  *seconds = static_cast<double>(round[1]) * 1e-6;
+  return Status::Ok();
+}
+
+Launch Engine::launch(bool *decided) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  *decided = tuner_.decided();
+  return tuner_.next();
+}
+
+std::vector<size_t> Engine::launched() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::vector<size_t>(launches_.begin(), launches_.begin() + next_);
+}
+
+Status Engine::reduce_bucket(size_t b, bool failed, Phase *reached) {
+  *reached = Phase::kPreparing;
+  WorkPtr work;
+  {
+    TimelineSpan span(Track::kEngine, "pack");
+    trace_bucket(span, b);
+    NNCOMM_RETURN_IF_ERROR(runner_->start(b, plan_[b],
+                                          TensorTable{ptrs_, dtypes_}, scale_,
+                                          divisor_, failed, &work));
+  }
+  *reached = Phase::kReducing;
+  {
+    TimelineSpan span(Track::kEngine, "reduce");
+    trace_bucket(span, b);
+    NNCOMM_RETURN_IF_ERROR(
+        wait_for(*work, transport_->rank() == 0, &polling_));
+  }
+  *reached = Phase::kWritingBack;
+  TimelineSpan span(Track::kEngine, "unpack");
+  trace_bucket(span, b);
+  return runner_->finish();
+}
+
+} // namespace nncomm

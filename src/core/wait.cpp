@@ -1,0 +1,219 @@
+#include "nncomm/core/wait.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "nncomm/observability/config.hpp"
+#include "nncomm/observability/timeline.hpp"
+
+namespace nncomm {
+
+namespace {
+std::atomic<int (*)()> interrupt_check{nullptr};
+std::atomic<void (*)(const char *)> job_abort{nullptr};
+std::atomic<bool> failed{false};
+std::mutex reason_mutex;
+std::string failure_reason;
+
+thread_local const OperationLabel *operation_label = nullptr;
+
+// Tests made back to back before a wait starts yielding and looking at
+// the clock: about 5 µs on a 2-rank shared-memory job.
+constexpr int kSpinTests = 64;
+// How long a wait lasts before it tells the other ranks it is here
+// (Work::inspect); late enough that a healthy job never does.
+constexpr double kInspectAfterSeconds = 1.0;
+
+// Puts a stall report on the timeline's stalls track.
+void trace_stall(const char *name, const std::string &message) {
+  if (!Timeline::on())
+    return;
+  TimelineArgs args;
+  args.key = "message";
+  args.text = message;
+  Timeline::instant(Track::kStalls, name, std::move(args));
+}
+
+void abort_job() {
+  void (*abort)(const char *) = job_abort.load();
+  if (abort != nullptr)
+    abort(failure_reason.c_str());
+  std::fprintf(stderr, "nncomm: aborting: %s\n", failure_reason.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+} // namespace
+
+std::string rank_list(const std::vector<int> &ranks) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < ranks.size(); ++i)
+    out << (i ? ", " : "") << ranks[i];
+  out << "]";
+  return out.str();
+}
+
+OperationLabel::OperationLabel(const char *format, size_t a, size_t b)
+    : format_(format), a_(a), b_(b), previous_(operation_label) {
+  operation_label = this;
+}
+
+OperationLabel::~OperationLabel() { operation_label = previous_; }
+
+std::string OperationLabel::current() {
+  if (operation_label == nullptr)
+    return "an operation";
+  char text[256];
+  std::snprintf(text, sizeof text, operation_label->format_,
+                operation_label->a_, operation_label->b_);
+  return text;
+}
+
+Status wait_for(Work &work, bool warn, const Polling *polling) {
+  using clock = std::chrono::steady_clock;
+  // Most operations of a healthy job complete within a few tests: those
+  // are made back to back, before any clock read or yield.
+  for (int spin = 0; spin < kSpinTests; ++spin) {
+    bool done = false;
+    NNCOMM_RETURN_IF_ERROR(work.test(&done));
+    if (done)
+      return Status::Ok();
+  }
+  const auto start = clock::now();
+  const double timeout = config::timeout_seconds();
+  const double stall = config::stall_warning_seconds();
+  const auto after = [&](double seconds) {
+    return start + std::chrono::duration_cast<clock::duration>(
+                       std::chrono::duration<double>(seconds));
+  };
+  auto next_look = after(kInspectAfterSeconds);
+  // Late enough for the other waiting ranks' first reports to be in.
+  auto next_warning = after(std::max(stall, 2 * kInspectAfterSeconds));
+  auto next_signals = after(0.1);
+  for (;;) {
+    bool done = false;
+    NNCOMM_RETURN_IF_ERROR(work.test(&done));
+    if (done)
+      return Status::Ok();
+    if (polling != nullptr && polling->cancel != nullptr &&
+        polling->cancel->load()) {
+      mark_broken("a wait for other ranks was cancelled", false);
+      return Status::Communicator("the wait for other ranks was cancelled");
+    }
+    const auto now = clock::now();
+    if (polling == nullptr && now >= next_signals) {
+      next_signals = now + std::chrono::milliseconds(100);
+      if (interrupted()) {
+        mark_broken("a wait was interrupted (" + OperationLabel::current() +
+                        ")",
+                    false);
+        return Status::Interrupted();
+      }
+    }
+    if (now >= next_look) {
+      next_look = now + std::chrono::milliseconds(200);
+      const Stall seen = work.inspect();
+      if (!seen.differing.empty()) {
+        const std::string message =
+            "the ranks of this group make different calls: " +
+            OperationLabel::current() + " (" + work.describe() +
+            ") here, another call on world ranks " + rank_list(seen.differing);
+        mark_broken(message, true);
+        return Status::InvalidArgument(message);
+      }
+      const double waited = std::chrono::duration<double>(now - start).count();
+      const bool timed_out = timeout > 0 && waited >= timeout;
+      if (timed_out || (warn && stall > 0 && now >= next_warning)) {
+        const std::string what =
+            OperationLabel::current() + " (" + work.describe() + ")";
+        if (timed_out) {
+          std::ostringstream message;
+          message << what << " did not complete in " << timeout
+                  << " s (NNCOMM_TIMEOUT): ";
+          if (seen.known)
+            message << "world ranks " << rank_list(seen.missing)
+                    << " never arrived (stopped, dead or in another call?)";
+          else
+            message << "not every rank arrived";
+          trace_stall("timeout", message.str());
+          mark_broken(message.str(), true);
+          return Status::Communicator(message.str());
+        }
+        next_warning = now + std::chrono::duration_cast<clock::duration>(
+                                 std::chrono::duration<double>(stall));
+        char stalled[64];
+        std::snprintf(stalled, sizeof stalled, "stalled for %.0f s in ",
+                      waited);
+        const std::string message = stalled + what + ": waiting for world " +
+                                    "ranks " + rank_list(seen.missing);
+        trace_stall("stall", message);
+        std::fprintf(stderr, "nncomm: %s\n", message.c_str());
+        std::fflush(stderr);
+      }
+    }
+    if (polling == nullptr ||
+        (polling->hurry != nullptr && polling->hurry->load())) {
+      // Only a process waiting for its core (more ranks than cores) gets
+      // it; otherwise the test comes again at once.
+      std::this_thread::yield();
+    } else if (polling->interval_us > 0) {
+      std::this_thread::sleep_for(
+          std::chrono::microseconds(polling->interval_us));
+    }
+  }
+}
+
+void set_interrupt_check(int (*check)()) { interrupt_check = check; }
+
+bool interrupted() {
+  int (*check)() = interrupt_check.load();
+  return check != nullptr && check() != 0;
+}
+
+void set_job_abort(void (*abort)(const char *)) { job_abort = abort; }
+
+void mark_broken(const std::string &reason, bool abort_soon) {
+  {
+    std::lock_guard<std::mutex> lock(reason_mutex);
+    if (failure_reason.empty())
+      failure_reason = reason;
+  }
+  const bool first = !failed.exchange(true);
+  if (abort_soon && first) {
+    std::thread([] {
+      std::this_thread::sleep_for(
+          std::chrono::duration<double>(kAbortAfterTimeoutSeconds));
+      abort_job();
+    }).detach();
+  }
+}
+
+bool broken(std::string *reason) {
+  if (!failed.load())
+    return false;
+  std::lock_guard<std::mutex> lock(reason_mutex);
+  *reason = failure_reason;
+  return true;
+}
+
+Status refuse_if_broken() {
+  std::string reason;
+  if (broken(&reason)) {
+    return Status::Communicator("nncomm can no longer communicate: " + reason +
+                                "; the job is being aborted");
+  }
+  return Status::Ok();
+}
+
+void abort_if_broken() {
+  if (failed.load())
+    abort_job();
+}
+
+} // namespace nncomm

@@ -1,0 +1,163 @@
+#include "nncomm/observability/config.hpp"
+
+#include <cerrno>
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
+
+namespace nncomm {
+namespace config {
+
+namespace {
+
+// A variable's value, or the default; `error` says why a set value did not
+// parse ("" when it did, or was unset or empty).
+template <typename T> struct Setting {
+  T value;
+  std::string error;
+};
+
+const char *env(const char *name) {
+  const char *value = std::getenv(name);
+  return value == nullptr || *value == '\0' ? nullptr : value;
+}
+
+template <typename T>
+Setting<T> refused(const char *name, T fallback, const char *expected) {
+  return {fallback, std::string(name) + "=" + std::getenv(name) +
+                        " (expected " + expected + ")"};
+}
+
+// A positive byte count.
+Setting<size_t> bytes(const char *name, size_t fallback) {
+  const char *v = env(name);
+  if (v == nullptr)
+    return {fallback};
+  char *end = nullptr;
+  errno = 0;
+  const unsigned long long parsed = std::strtoull(v, &end, 10);
+  if (end == v || *end != '\0' || parsed == 0 || errno != 0 || *v == '-')
+    return refused(name, fallback, "a positive number of bytes");
+  return {static_cast<size_t>(parsed)};
+}
+
+// A number of seconds, 0 or more.
+Setting<double> seconds(const char *name, double fallback) {
+  const char *v = env(name);
+  if (v == nullptr)
+    return {fallback};
+  char *end = nullptr;
+  const double parsed = std::strtod(v, &end);
+  if (end == v || *end != '\0' || !(parsed >= 0) || parsed > 1e9)
+    return refused(name, fallback, "seconds, 0 for none");
+  return {parsed};
+}
+
+Setting<CallChecks> call_checks(const char *name) {
+  const char *v = env(name);
+  if (v == nullptr)
+    return {CallChecks::kNew};
+  const std::string s = v;
+  if (s == "0")
+    return {CallChecks::kOff};
+  if (s == "1")
+    return {CallChecks::kEvery};
+  return refused(name, CallChecks::kNew, "0 (no check) or 1 (every call)");
+}
+
+Setting<int> microseconds(const char *name, int fallback) {
+  const char *v = env(name);
+  if (v == nullptr)
+    return {fallback};
+  char *end = nullptr;
+  const long parsed = std::strtol(v, &end, 10);
+  if (end == v || *end != '\0' || parsed < 0 || parsed > 1000000)
+    return refused(name, fallback, "0 to 1000000 microseconds");
+  return {static_cast<int>(parsed)};
+}
+
+Setting<std::optional<Launch>> launch(const char *name) {
+  const char *v = env(name);
+  const std::string s = v == nullptr ? "auto" : v;
+  if (s == "eager")
+    return {Launch::kEager};
+  if (s == "deferred")
+    return {Launch::kDeferred};
+  if (s == "auto")
+    return {std::nullopt};
+  return refused<std::optional<Launch>>(name, std::nullopt,
+                                        "eager, deferred or auto");
+}
+
+Setting<GpuTransport> gpu_choice(const char *name) {
+  const char *v = env(name);
+  const std::string s = v == nullptr ? "auto" : v;
+  if (s == "auto")
+    return {GpuTransport::kAuto};
+  if (s == "nccl")
+    return {GpuTransport::kNccl};
+  if (s == "mpi")
+    return {GpuTransport::kMpi};
+  return refused(name, GpuTransport::kAuto, "auto, nccl or mpi");
+}
+
+Setting<std::string> text(const char *name) {
+  const char *v = env(name);
+  return {v == nullptr ? "" : v};
+}
+
+// Every NNCOMM_* variable, read once, at first use.
+struct Settings {
+  Setting<size_t> chunk = bytes("NNCOMM_CHUNK_BYTES", 4u << 20);
+  Setting<size_t> direct = bytes("NNCOMM_DIRECT_BYTES", 1u << 20);
+  Setting<size_t> huge_page = bytes("NNCOMM_HUGE_PAGE_BYTES", 4u << 20);
+  Setting<CallChecks> check = call_checks("NNCOMM_CHECK_CALLS");
+  Setting<std::optional<Launch>> launch_at = launch("NNCOMM_LAUNCH");
+  Setting<int> poll = microseconds("NNCOMM_ENGINE_POLL_US", 50);
+  Setting<double> timeout = seconds("NNCOMM_TIMEOUT", 1800);
+  Setting<double> stall = seconds("NNCOMM_STALL_WARNING", 60);
+  Setting<size_t> fail_allocation = bytes("NNCOMM_TEST_FAIL_ALLOCATION", 0);
+  Setting<GpuTransport> gpu = gpu_choice("NNCOMM_GPU_TRANSPORT");
+  Setting<std::string> nccl = text("NNCOMM_NCCL_LIBRARY");
+  Setting<std::string> timeline = text("NNCOMM_TIMELINE");
+};
+
+const Settings &settings() {
+  static const Settings s;
+  return s;
+}
+
+} // namespace
+
+Status validate() {
+  const Settings &s = settings();
+  std::string bad;
+  for (const std::string *error :
+       {&s.chunk.error, &s.direct.error, &s.huge_page.error, &s.check.error,
+        &s.launch_at.error, &s.poll.error, &s.timeout.error, &s.stall.error,
+        &s.fail_allocation.error, &s.gpu.error}) {
+    if (!error->empty())
+      bad += (bad.empty() ? "" : "; ") + *error;
+  }
+  if (bad.empty())
+    return Status::Ok();
+  return Status::InvalidArgument("invalid nncomm settings: " + bad);
+}
+
+size_t chunk_bytes() { return settings().chunk.value; }
+size_t direct_bytes() { return settings().direct.value; }
+size_t huge_page_bytes() { return settings().huge_page.value; }
+CallChecks check_calls() { return settings().check.value; }
+std::optional<Launch> engine_launch() { return settings().launch_at.value; }
+int engine_poll_us() { return settings().poll.value; }
+double timeout_seconds() { return settings().timeout.value; }
+double stall_warning_seconds() { return settings().stall.value; }
+size_t test_fail_allocation_bytes() {
+  return settings().fail_allocation.value;
+}
+GpuTransport gpu_transport() { return settings().gpu.value; }
+const std::string &nccl_library() { return settings().nccl.value; }
+const std::string &timeline_path() { return settings().timeline.value; }
+
+} // namespace config
+} // namespace nncomm

@@ -1,0 +1,542 @@
+#include "nncomm/transports/mpi_transport.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <thread>
+
+#include "nncomm/host/bfloat16.hpp"
+#include "nncomm/observability/config.hpp"
+#include "nncomm/core/fingerprint.hpp"
+#include "nncomm/host/huge_pages.hpp"
+#include "nncomm/host/elementwise.hpp"
+#include "nncomm/core/wait.hpp"
+
+namespace nncomm {
+
+namespace {
+
+// `call` failed with `mpi_error`: the message carries MPI's own words.
+Status mpi_failure(int mpi_error, const char *call) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(mpi_error, text, &length) != MPI_SUCCESS)
+    length = 0;
+  return Status::Transport(std::string(call) + " failed: " +
+                           std::string(text, length));
+}
+
+#define NNCOMM_MPI_CALL(fn, ...)                                               \
+  do {                                                                         \
+    int _nncomm_err = fn(__VA_ARGS__);                                         \
+    if (_nncomm_err != MPI_SUCCESS)                                            \
+      return mpi_failure(_nncomm_err, #fn);                                    \
+  } while (0)
+
+// MPI has no 16-bit float sums (host_ops.hpp: add_narrow).
+template <DType dt>
+void narrow_sum(void *in, void *inout, int *len, MPI_Datatype *) {
+  add_narrow(in, inout, dt, static_cast<size_t>(*len));
+}
+
+MPI_Datatype mpi_type(DType dt) {
+  switch (dt) {
+  case DType::kFloat32: return MPI_FLOAT;
+  case DType::kFloat64: return MPI_DOUBLE;
+  case DType::kFloat16: return MPI_UINT16_T;
+  case DType::kBFloat16: return MPI_UINT16_T;
+  case DType::kInt32: return MPI_INT32_T;
+  case DType::kInt64: return MPI_INT64_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+// The op of a 16-bit float sum, created on first use; it lives until
+// MPI_Finalize frees it.
+template <DType dt> Status narrow_sum_op(MPI_Op *op) {
+  static MPI_Op created_op = MPI_OP_NULL;
+  static int created = MPI_Op_create(&narrow_sum<dt>, 1, &created_op);
+  if (created != MPI_SUCCESS)
+    return mpi_failure(created, "MPI_Op_create");
+  *op = created_op;
+  return Status::Ok();
+}
+
+// The sum for `dt`.
+Status sum_op(DType dt, MPI_Op *op) {
+  if (dt == DType::kFloat16)
+    return narrow_sum_op<DType::kFloat16>(op);
+  if (dt == DType::kBFloat16)
+    return narrow_sum_op<DType::kBFloat16>(op);
+  *op = MPI_SUM;
+  return Status::Ok();
+}
+
+// Elements per reduction call: the configured chunk, capped so that the
+// count always fits MPI's int.
+size_t chunk_elements(DType dt) {
+  size_t elems = config::chunk_bytes() / dtype_size(dt);
+  return std::max<size_t>(1, std::min<size_t>(elems, INT_MAX));
+}
+
+// What the stall reports say a rank is doing: the same on every rank making
+// the same MPI call.
+uint64_t operation(const char *kind, size_t count, DType dt, int root = 0) {
+  return Fingerprint()
+      .add(kind)
+      .add(count)
+      .add(static_cast<uint64_t>(dt))
+      .add(static_cast<uint64_t>(root))
+      .value();
+}
+
+void abort_world(const char *reason) {
+  int rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::fprintf(stderr, "nncomm: world rank %d is aborting the job: %s\n",
+               rank, reason);
+  std::fflush(stderr);
+  // Time for the launcher to forward the line: the abort tears the job
+  // down, its output pipes included.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+// One operation: a nonblocking MPI call per piece of its buffer, each
+// started once the one before has completed; the subclass (Calls) makes
+// the calls.
+class Pieces : public Work {
+public:
+  // `inspector`: the transport's (null while it is being created); `at`:
+  // the operation, as begin() opened it.
+  Pieces(StallInspector *inspector, const StallInspector::Position &at,
+         const char *call, size_t pieces)
+      : inspector_(inspector), at_(at), call_(call), pieces_(pieces) {}
+
+  Status begin() { return start_piece(); }
+
+  Status test(bool *done) override {
+    *done = false;
+    int complete = 0;
+    NNCOMM_MPI_CALL(MPI_Test, &request_, &complete, MPI_STATUS_IGNORE);
+    if (!complete)
+      return Status::Ok();
+    finish(piece_);
+    if (++piece_ < pieces_)
+      return start_piece();
+    *done = true;
+    return Status::Ok();
+  }
+
+  Stall inspect() override {
+    Stall stall;
+    if (inspector_ == nullptr)
+      return stall;
+    inspector_->arrived(at_);
+    stall.known = true;
+    stall.missing = inspector_->missing(at_);
+    stall.differing = inspector_->differing(at_);
+    return stall;
+  }
+
+  std::string describe() const override {
+    std::string text = "operation " + std::to_string(at_.seq);
+    if (inspector_ != nullptr) {
+      text += " on the group of world ranks " +
+              rank_list(inspector_->world_ranks());
+    }
+    return text;
+  }
+
+private:
+  // Starts piece `i`'s call, returning MPI's error code.
+  virtual int start(size_t i, MPI_Request *request) = 0;
+  // Runs on piece `i` once its call has completed.
+  virtual void finish(size_t i) = 0;
+
+  Status start_piece() {
+    const int err = start(piece_, &request_);
+    if (err != MPI_SUCCESS)
+      return mpi_failure(err, call_);
+    return Status::Ok();
+  }
+
+  StallInspector *const inspector_;
+  const StallInspector::Position at_;
+  const char *call_;
+  const size_t pieces_;
+  size_t piece_ = 0;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+};
+
+// The `finish` of pieces that leave their results as MPI put them.
+constexpr auto no_finish = [](size_t) {};
+
+// Pieces whose calls are `start` and `finish`, kept as they are: in a
+// std::function, an operation's arguments cost an allocation of their own
+// at every call.
+template <typename Start, typename Finish>
+class Calls final : public Pieces {
+public:
+  Calls(StallInspector *inspector, const StallInspector::Position &at,
+        const char *call, size_t pieces, Start start, Finish finish)
+      : Pieces(inspector, at, call, pieces), start_(std::move(start)),
+        finish_(std::move(finish)) {}
+
+private:
+  int start(size_t i, MPI_Request *request) override {
+    return start_(i, request);
+  }
+  void finish(size_t i) override { finish_(i); }
+
+  const Start start_;
+  const Finish finish_;
+};
+
+// Elements of piece `i` of `count` split into pieces of `step`.
+int piece_count(size_t i, size_t step, size_t count) {
+  return static_cast<int>(std::min(step, count - i * step));
+}
+
+size_t pieces_of(size_t count, size_t step) {
+  return std::max<size_t>(1, (count + step - 1) / step);
+}
+
+// Blocks as MPI's large-count calls take them, 64-bit, so that no block
+// is cut into pieces. MPI reads them until the operation completes: the
+// operation's call keeps them.
+struct MpiBlocks {
+  std::vector<MPI_Count> counts;
+  std::vector<MPI_Aint> offsets;
+  explicit MpiBlocks(const Blocks &b)
+      : counts(b.counts.begin(), b.counts.end()),
+        offsets(b.offsets.begin(), b.offsets.end()) {}
+};
+
+// buf /= divisor, element-wise in `dt`, in place.
+void divide(void *buf, size_t count, DType dt, int divisor) {
+  convert_scaled(buf, dt, buf, dt, count, 1.0f, divisor);
+}
+
+} // namespace
+
+template <typename Start, typename Finish>
+Status MpiTransport::start_pieces(const char *call, size_t pieces,
+                                  Start start, Finish finish, WorkPtr *work) {
+  std::unique_ptr<Pieces> started(
+      new Calls<Start, Finish>(inspector_.get(), at_, call, pieces,
+                               std::move(start), std::move(finish)));
+  NNCOMM_RETURN_IF_ERROR(started->begin());
+  *work = std::move(started);
+  return Status::Ok();
+}
+
+Status MpiTransport::begin(uint64_t fingerprint, uint64_t phase) {
+  NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
+  ++at_.seq;
+  at_.fingerprint = fingerprint;
+  at_.phase = phase;
+  return Status::Ok();
+}
+
+Status MpiTransport::check_call(uint64_t signature, bool always) {
+  unchecked_ = Fingerprint().add(unchecked_).add(signature).value();
+  if (!always && checked_.count(signature) != 0)
+    return Status::Ok();
+  // Every call since the last comparison is in `unchecked_`.
+  NNCOMM_RETURN_IF_ERROR(begin(signature, 1));
+  bool same = false;
+  NNCOMM_RETURN_IF_ERROR(same_everywhere(check_comm_, unchecked_, &same));
+  unchecked_ = 0; // a difference is reported once
+  if (!same) {
+    return Status::InvalidArgument(
+        "the ranks of this group make different calls (" +
+        OperationLabel::current() +
+        " here; different arguments: number, sizes, dtypes or order of the "
+        "arrays, root or options, or another collective, now or since the "
+        "last call compared)");
+  }
+  // Bounded: a program whose sizes never repeat compares again later.
+  if (checked_.size() >= 4096)
+    checked_.clear();
+  checked_.insert(signature);
+  return Status::Ok();
+}
+
+Status MpiTransport::Create(MPI_Comm comm, std::unique_ptr<MpiTransport> *out) {
+  NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
+  set_job_abort(abort_world);
+  // Nonblocking, so that a rank that never comes cannot hold this one
+  // forever; the waiting policy is the parent's, so waited for here.
+  MPI_Comm dup = MPI_COMM_NULL;
+  MPI_Request request = MPI_REQUEST_NULL;
+  NNCOMM_MPI_CALL(MPI_Comm_idup, comm, &dup, &request);
+  std::unique_ptr<MpiTransport> transport(new MpiTransport(dup));
+  NNCOMM_RETURN_IF_ERROR(transport->Init(&request));
+  *out = std::move(transport);
+  return Status::Ok();
+}
+
+Status MpiTransport::CreateGroup(const MpiTransport &parent,
+                                 const std::vector<int> &ranks,
+                                 std::unique_ptr<MpiTransport> *out) {
+  MPI_Group parent_group = MPI_GROUP_NULL;
+  MPI_Group group = MPI_GROUP_NULL;
+  MPI_Comm comm = MPI_COMM_NULL;
+  NNCOMM_MPI_CALL(MPI_Comm_group, parent.comm_, &parent_group);
+  int err = MPI_Group_incl(parent_group, static_cast<int>(ranks.size()),
+                           ranks.data(), &group);
+  MPI_Group_free(&parent_group);
+  if (err != MPI_SUCCESS)
+    return mpi_failure(err, "MPI_Group_incl");
+  // Blocking: MPI has no nonblocking form. The caller has met every rank of
+  // the parent first (a bounded barrier), so every member is here.
+  err = MPI_Comm_create_group(parent.comm_, group, 0, &comm);
+  MPI_Group_free(&group);
+  if (err != MPI_SUCCESS)
+    return mpi_failure(err, "MPI_Comm_create_group");
+  std::unique_ptr<MpiTransport> transport(new MpiTransport(comm));
+  NNCOMM_RETURN_IF_ERROR(transport->Init(nullptr));
+  *out = std::move(transport);
+  return Status::Ok();
+}
+
+Status MpiTransport::Init(MPI_Request *created) {
+  if (created != nullptr) {
+    // A communicator being created has no ranks to report stalls to yet.
+    OperationLabel label("creating a communicator");
+    Status status = begin(operation("create", 0, DType::kInt64));
+    if (status.ok()) {
+      Calls creation(inspector_.get(), at_, "MPI_Comm_idup", 1,
+                     [created](size_t, MPI_Request *request) {
+                       *request = *created;
+                       return MPI_SUCCESS;
+                     },
+                     no_finish);
+      status = creation.begin();
+      if (status.ok())
+        status = wait_for(creation, false, nullptr);
+    }
+    if (!status.ok()) {
+      // Never completed: freeing it would be erroneous.
+      comm_ = MPI_COMM_NULL;
+      return status;
+    }
+  }
+  NNCOMM_MPI_CALL(MPI_Comm_set_errhandler, comm_, MPI_ERRORS_RETURN);
+  NNCOMM_MPI_CALL(MPI_Comm_rank, comm_, &rank_);
+  NNCOMM_MPI_CALL(MPI_Comm_size, comm_, &size_);
+  std::vector<int> ranks(size_);
+  std::vector<int> world_ranks(size_);
+  for (int r = 0; r < size_; ++r)
+    ranks[r] = r;
+  MPI_Group own = MPI_GROUP_NULL;
+  MPI_Group world = MPI_GROUP_NULL;
+  NNCOMM_MPI_CALL(MPI_Comm_group, comm_, &own);
+  int err = MPI_Comm_group(MPI_COMM_WORLD, &world);
+  if (err == MPI_SUCCESS) {
+    err = MPI_Group_translate_ranks(own, size_, ranks.data(), world,
+                                    world_ranks.data());
+  }
+  MPI_Group_free(&own);
+  if (world != MPI_GROUP_NULL)
+    MPI_Group_free(&world);
+  if (err != MPI_SUCCESS)
+    return mpi_failure(err, "MPI_Group_translate_ranks");
+  inspector_.reset(new StallInspector(comm_, rank_, std::move(world_ranks)));
+  // Every member is here by now (the communicator is complete).
+  NNCOMM_MPI_CALL(MPI_Comm_dup, comm_, &check_comm_);
+  MPI_Comm node = MPI_COMM_NULL;
+  NNCOMM_MPI_CALL(MPI_Comm_split_type, comm_, MPI_COMM_TYPE_SHARED, rank_,
+                  MPI_INFO_NULL, &node);
+  err = MPI_Comm_rank(node, &local_rank_);
+  MPI_Comm_free(&node);
+  if (err != MPI_SUCCESS)
+    return mpi_failure(err, "MPI_Comm_rank");
+  return Status::Ok();
+}
+
+MpiTransport::~MpiTransport() {
+  inspector_.reset();
+  int finalized = 1;
+  MPI_Finalized(&finalized);
+  if (!finalized && check_comm_ != MPI_COMM_NULL)
+    MPI_Comm_free(&check_comm_);
+  if (!finalized && comm_ != MPI_COMM_NULL)
+    MPI_Comm_free(&comm_);
+}
+
+Status MpiTransport::start_allreduce(void *buf, size_t count, DType dt,
+                                     float scale, int divisor,
+                                     WorkPtr *work) {
+  MPI_Op op = MPI_OP_NULL;
+  NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
+  NNCOMM_RETURN_IF_ERROR(begin(operation("allreduce", count, dt)));
+  const size_t bytes = count * dtype_size(dt);
+  if (bytes >= config::huge_page_bytes())
+    prefer_huge_pages(buf, bytes);
+  const size_t step = chunk_elements(dt);
+  char *base = static_cast<char *>(buf);
+  const size_t size = dtype_size(dt);
+  const MPI_Comm comm = comm_;
+  // This rank's share is scaled where it lies and the sum overwrites it,
+  // piece by piece, next to the piece's reduction.
+  return start_pieces(
+      "MPI_Iallreduce", pieces_of(count, step),
+      [=](size_t i, MPI_Request *request) {
+        char *piece = base + i * step * size;
+        const int n = piece_count(i, step, count);
+        if (scale != 1.0f)
+          convert_scaled(piece, dt, piece, dt, n, scale, 1);
+        return MPI_Iallreduce(MPI_IN_PLACE, piece, n, mpi_type(dt), op, comm,
+                              request);
+      },
+      [=](size_t i) {
+        if (divisor != 1)
+          divide(base + i * step * size, piece_count(i, step, count), dt,
+                 divisor);
+      },
+      work);
+}
+
+Status MpiTransport::start_reduce(void *buf, size_t count, DType dt, int root,
+                                  int divisor, WorkPtr *work) {
+  MPI_Op op = MPI_OP_NULL;
+  NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
+  NNCOMM_RETURN_IF_ERROR(begin(operation("reduce", count, dt, root)));
+  const bool is_root = rank_ == root;
+  const size_t step = chunk_elements(dt);
+  char *base = static_cast<char *>(buf);
+  const size_t size = dtype_size(dt);
+  const MPI_Comm comm = comm_;
+  return start_pieces(
+      "MPI_Ireduce", pieces_of(count, step),
+      [=](size_t i, MPI_Request *request) {
+        char *piece = base + i * step * size;
+        // Only the root receives; the others' buffers stay as they are.
+        return MPI_Ireduce(is_root ? MPI_IN_PLACE : piece,
+                           is_root ? piece : nullptr,
+                           piece_count(i, step, count), mpi_type(dt), op,
+                           root, comm, request);
+      },
+      [=](size_t i) {
+        if (is_root && divisor != 1)
+          divide(base + i * step * size, piece_count(i, step, count), dt,
+                 divisor);
+      },
+      work);
+}
+
+Status MpiTransport::start_bcast(void *buf, size_t count, DType dt, int root,
+                                 WorkPtr *work) {
+  NNCOMM_RETURN_IF_ERROR(begin(operation("bcast", count, dt, root)));
+  const MPI_Comm comm = comm_;
+  const auto call = [=](size_t, MPI_Request *request) {
+    return MPI_Ibcast_c(buf, static_cast<MPI_Count>(count), mpi_type(dt), root,
+                        comm, request);
+  };
+  return start_pieces("MPI_Ibcast_c", 1, call, no_finish, work);
+}
+
+Status MpiTransport::start_allgather(const void *send, void *recv,
+                                     size_t count, DType dt, WorkPtr *work) {
+  NNCOMM_RETURN_IF_ERROR(begin(operation("allgather", count, dt)));
+  const MPI_Comm comm = comm_;
+  const auto call = [=](size_t, MPI_Request *request) {
+    return MPI_Iallgather_c(send, static_cast<MPI_Count>(count), mpi_type(dt),
+                            recv, static_cast<MPI_Count>(count), mpi_type(dt),
+                            comm, request);
+  };
+  return start_pieces("MPI_Iallgather_c", 1, call, no_finish, work);
+}
+
+Status MpiTransport::start_reduce_scatter(const void *send, void *recv,
+                                          size_t count, DType dt, int divisor,
+                                          WorkPtr *work) {
+  MPI_Op op = MPI_OP_NULL;
+  NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
+  NNCOMM_RETURN_IF_ERROR(begin(operation("reduce_scatter", count, dt)));
+  const MPI_Comm comm = comm_;
+  return start_pieces(
+      "MPI_Ireduce_scatter_block_c", 1,
+      [=](size_t, MPI_Request *request) {
+        return MPI_Ireduce_scatter_block_c(send, recv,
+                                           static_cast<MPI_Count>(count),
+                                           mpi_type(dt), op, comm, request);
+      },
+      [=](size_t) {
+        if (divisor != 1)
+          divide(recv, count, dt, divisor);
+      },
+      work);
+}
+
+Status MpiTransport::start_alltoallv(const void *send,
+                                     const Blocks &send_blocks, void *recv,
+                                     const Blocks &recv_blocks, DType dt,
+                                     WorkPtr *work) {
+  // The counts differ from rank to rank; the ranks' number does not.
+  NNCOMM_RETURN_IF_ERROR(begin(operation("alltoallv", size_, dt)));
+  const MPI_Comm comm = comm_;
+  const auto call = [=, from = MpiBlocks(send_blocks),
+                     to = MpiBlocks(recv_blocks)](size_t,
+                                                  MPI_Request *request) {
+    return MPI_Ialltoallv_c(send, from.counts.data(), from.offsets.data(),
+                            mpi_type(dt), recv, to.counts.data(),
+                            to.offsets.data(), mpi_type(dt), comm, request);
+  };
+  return start_pieces("MPI_Ialltoallv_c", 1, call, no_finish, work);
+}
+
+Status MpiTransport::start_allgatherv(const void *send, size_t count,
+                                      void *recv, const Blocks &blocks,
+                                      DType dt, WorkPtr *work) {
+  const size_t total = std::accumulate(blocks.counts.begin(),
+                                       blocks.counts.end(), size_t(0));
+  NNCOMM_RETURN_IF_ERROR(begin(operation("allgatherv", total, dt)));
+  const MPI_Comm comm = comm_;
+  const auto call = [=, to = MpiBlocks(blocks)](size_t,
+                                                MPI_Request *request) {
+    return MPI_Iallgatherv_c(send, static_cast<MPI_Count>(count),
+                             mpi_type(dt), recv, to.counts.data(),
+                             to.offsets.data(), mpi_type(dt), comm, request);
+  };
+  return start_pieces("MPI_Iallgatherv_c", 1, call, no_finish, work);
+}
+
+Status MpiTransport::start_barrier(WorkPtr *work) {
+  NNCOMM_RETURN_IF_ERROR(begin(operation("barrier", 0, DType::kInt64)));
+  const MPI_Comm comm = comm_;
+  const auto call = [=](size_t, MPI_Request *request) {
+    return MPI_Ibarrier(comm, request);
+  };
+  return start_pieces("MPI_Ibarrier", 1, call, no_finish, work);
+}
+
+Status MpiTransport::agree(uint64_t value, bool *same) {
+  NNCOMM_RETURN_IF_ERROR(begin(operation("agree", 2, DType::kInt64)));
+  return same_everywhere(comm_, value, same);
+}
+
+Status MpiTransport::same_everywhere(MPI_Comm comm, uint64_t value,
+                                     bool *same) {
+  // max(v) == v and max(~v) == ~v hold on every rank only if all v agree.
+  uint64_t both[2] = {value, ~value};
+  Calls round(inspector_.get(), at_, "MPI_Iallreduce", 1,
+              [&both, comm](size_t, MPI_Request *request) {
+                return MPI_Iallreduce(MPI_IN_PLACE, both, 2, MPI_UINT64_T,
+                                      MPI_MAX, comm, request);
+              },
+              no_finish);
+  NNCOMM_RETURN_IF_ERROR(round.begin());
+  NNCOMM_RETURN_IF_ERROR(wait_for(round, rank_ == 0, nullptr));
+  *same = both[0] == value && both[1] == ~value;
+  return Status::Ok();
+}
+
+void MpiTransport::abort(int errorcode) const { MPI_Abort(comm_, errorcode); }
+
+} // namespace nncomm
