@@ -68,6 +68,10 @@ void prioritize(const std::vector<double> &priorities,
     for (size_t t : b.tensors)
       b.priority = std::max(b.priority, priorities[t]);
   }
+  std::stable_sort(plan->begin(), plan->end(),
+                   [](const Bucket &a, const Bucket &b) {
+                     return a.priority > b.priority;
+                   });
 }
 
 uint64_t plan_fingerprint(const std::vector<Bucket> &plan) {
