@@ -752,6 +752,13 @@ TEST(plan_prioritized_highest_first_ties_in_plan_order) {
       CHECK_EQ(got.plan[b].tensors, want[b].tensors);
     }
     CHECK_EQ(plan_fingerprint(got.plan), plan_fingerprint(want));
+    // Ranks given other priorities are told apart, even where the order
+    // stays.
+    std::vector<double> higher = priorities;
+    for (double &p : higher)
+      p += 1;
+    CHECK(plan_fingerprint(prioritized(model, higher).plan) !=
+          plan_fingerprint(got.plan));
   }
 }
 
