@@ -29,8 +29,8 @@ without the solver:
   it, ``backward(communicator_callbacks=cb)`` (goal: within 2 % of
   ``T_cb``);
 - ``T_cb_fwd`` (with ``--priority``): ``T_cb`` with
-  ``priority="forward"``, the ranks agreeing in rounds which buckets are
-  ready everywhere (one small all-reduce a round);
+  ``priority="forward"``, the plan's buckets sorted so that those the next
+  forward needs first go out first;
 - ``T_cb_tl`` (with ``--timeline PATH``): ``T_cb``, the same callback on
   the same schedule, with the timeline recording (``comm.start_timeline``
   before the round's steps, ``stop_timeline`` after, neither timed); the
@@ -74,15 +74,8 @@ functions on a (4, 16) tensor, each adding its own (4, 16) parameter, timed
 with no hook, with a trivial Python ``function_post_hook`` and with nncomm's
 callback (with ``--timeline`` also with the timeline recording, a ready
 instant per function; with ``--priority`` also ``priority="forward"``: with
-``--pack-size 64`` a bucket per parameter, up to a round each), in
-microseconds per function.
-
-With ``--priority``, last, the cost of the rounds alone: a
-``gradient_reducer`` over 4 one-element gradients in buckets of one,
-every gradient made ready and the iteration finished, with and without
-``priority="forward"``, in microseconds per iteration (under
-``NNCOMM_LAUNCH=deferred`` that is one round; eager, up to one per
-bucket).
+``--pack-size 64`` a bucket per parameter, sent in the reverse of the
+order backward makes them), in microseconds per function.
 
 ``--csv PATH`` also writes a step's breakdown per schedule (the medians),
 for ``bench/plot.py``: columns schedule (``fb``, ``comm``, ``seq``, ``cb``,
@@ -258,8 +251,6 @@ def main():
         mlp(args, comm, world, have_cb, say)
     if not args.skip_tiny:
         tiny(args, comm, world, have_cb, say)
-    if have_cb and args.priority:
-        rounds(comm, world, say)
     say(f"# {time.perf_counter() - start:.0f} s; CPU stolen by the "
         f"hypervisor meanwhile {steal_seconds() - steal:.1f} s; "
         "load average %.2f %.2f %.2f" % os.getloadavg())
@@ -570,35 +561,6 @@ def tiny(args, comm, world, have_cb, say):
             f"+{(med[name] - med['none']) / nfunctions * 1e6:.2f} over none")
     if not have_cb:
         say("nncomm: not measured (comm has no all_reduce_callback)")
-
-
-
-def rounds(comm, world, say, count=4, iters=500, repeats=9):
-    """What priority order's rounds cost: iterations of a reducer whose
-    buckets are all ready before it finishes, timed with and without."""
-    grads = [nn.NdArray.from_numpy_array(np.zeros(1, np.float32))
-             for _ in range(count)]
-    reducers = {name: comm.gradient_reducer(grads, 1, priority=priority)
-                for name, priority in (("plan", None),
-                                       ("forward", "forward"))}
-    times = {name: [] for name in reducers}
-    for _ in range(repeats):
-        for name, reducer in reducers.items():
-            world.Barrier()
-            start = time.perf_counter()
-            for _ in range(iters):
-                reducer.begin()
-                for i in range(count):
-                    reducer.ready(i)
-                reducer.finish()
-            times[name].append(slowest(time.perf_counter() - start, world)
-                               / iters)
-    say(f"# rounds: gradient_reducer of {count} one-element buckets, all "
-        f"made ready, us per iteration, median (best) of {repeats} x "
-        f"{iters}; schedule {os.environ.get('NNCOMM_LAUNCH', 'auto')}")
-    for name, values in times.items():
-        say(f"{name:<8} {statistics.median(values) * 1e6:8.1f} "
-            f"({min(values) * 1e6:.1f})")
 
 
 if __name__ == "__main__":

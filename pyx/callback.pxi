@@ -197,8 +197,8 @@ cdef class AllReduceCallback:
     @property
     def launch_order(self):
         """list of tuple of int: the gradients of each bucket of the latest
-        backward, in the order the buckets went out (the plan's, or with a
-        `priority`, as the ranks agreed); ``None`` before the first."""
+        backward, in the order the buckets went out (the plan's: with a
+        `priority`, highest first); ``None`` before the first."""
         if self.state.latest is None:
             return None
         return self.state.latest.launch_order()

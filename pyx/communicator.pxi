@@ -767,9 +767,9 @@ cdef class Communicator:
             priority: nncomm's own, after BytePS: ``None`` launches
                 buckets in the planned order; ``"forward"`` or a number
                 per gradient of `data` (higher first; a bucket has its
-                highest) has the ranks agree, in a small all-reduce per
-                round, which buckets are ready on every rank, and launch
-                those highest first. ``"forward"`` ranks first what the
+                highest) sorts the planned buckets once, highest first,
+                ties in the planned order, and launches them in that
+                order. ``"forward"`` ranks first what the
                 next forward uses first: backward's order reversed.
 
         Returns:

@@ -101,8 +101,8 @@ cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
                          int wire, GpuArrays device, tuple priorities):
     """An engine over `data` (whose `sizes` and dtype `codes` it is planned
     for) launching buckets in `order` (indices into `data`; the others are
-    left out of the plan, in `unreached`), or, with `priorities` (one per
-    gradient), those ready on every rank highest first. Host memory with
+    left out of the plan, in `unreached`), sorted by `priorities` (one per
+    gradient), highest first, where given. Host memory with
     `device` None; otherwise the memory of `device`'s arrays, computed on
     its stream.
 
@@ -183,8 +183,8 @@ cdef class GradientReducer:
 
     Made by :meth:`Communicator.gradient_reducer`. Each iteration calls
     :meth:`begin`, then :meth:`ready` once per gradient as it becomes final
-    (in any order; buckets still go out in the order every rank planned, or
-    agreed by priority), then :meth:`finish` (or ``with reducer:`` around
+    (in any order; buckets still go out in the order every rank planned,
+    by priority where given), then :meth:`finish` (or ``with reducer:`` around
     the iteration). On
     GPU arrays nothing waits for the device: a
     gradient is final once the work writing it is enqueued on the arrays'
@@ -218,8 +218,8 @@ cdef class GradientReducer:
     @property
     def launch_order(self):
         """list of tuple of int: the gradients of each bucket of the latest
-        iteration, in the order the buckets went out (the plan's, or with
-        a `priority`, as the ranks agreed)."""
+        iteration, in the order the buckets went out (the plan's: with a
+        `priority`, highest first)."""
         return self._engine.launch_order()
 
     def begin(self):

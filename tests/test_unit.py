@@ -36,11 +36,10 @@ SETTINGS = {
     "engine_reduces_random_plans_in_plan_order": LAUNCHES,
     "engine_launches_as_the_schedule_says": LAUNCHES,
     "engine_tuner_decides_alike_on_every_rank": LAUNCHES,
-    "engine_priority_reduces_random_plans_alike_on_every_rank": LAUNCHES,
-    "engine_priority_agrees_whatever_order_ranks_are_ready_in": LAUNCHES,
+    "engine_priority_reduces_random_plans_in_priority_order": LAUNCHES,
+    "engine_priority_order_whatever_order_ranks_are_ready_in": LAUNCHES,
     "engine_priority_failed_rank_sends_zeros_and_fails_every_rank":
         LAUNCHES,
-    "engine_priority_rounds_follow_the_schedule": LAUNCHES,
     "collectives_compare_calls_as_configured": [
         {}, {"NNCOMM_CHECK_CALLS": "1"}, {"NNCOMM_CHECK_CALLS": "0"}],
     "wait_timeout_names_missing_world_ranks_then_aborts_the_job": [

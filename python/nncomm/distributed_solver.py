@@ -66,11 +66,10 @@ class DistributedSolver(SolverWrapper):
             graph uses only through ``Embed``) densely. By default their
             gradients are reduced as the rows the step's indices touched
             (:func:`nncomm.sparse_all_reduce`), after backward.
-        priority: BytePS's priority scheduling: ``"forward"`` sends first,
-            of the buckets ready on every rank, the gradients the next
-            forward uses first (one small all-reduce per round that
-            agrees on them); ``None`` (default) sends buckets in the
-            planned order. As in :meth:`Communicator.all_reduce_callback`.
+        priority: BytePS's priority scheduling: ``"forward"`` sends the
+            buckets in the order the next forward uses their gradients;
+            ``None`` (default) sends them in the planned order (backward's).
+            As in :meth:`Communicator.all_reduce_callback`.
 
     Example:
 

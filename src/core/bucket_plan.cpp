@@ -68,6 +68,10 @@ void prioritize(const std::vector<double> &priorities,
     for (size_t t : b.tensors)
       b.priority = std::max(b.priority, priorities[t]);
   }
+  std::stable_sort(plan->begin(), plan->end(),
+                   [](const Bucket &a, const Bucket &b) {
+                     return a.priority > b.priority;
+                   });
 }
 
 uint64_t plan_fingerprint(const std::vector<Bucket> &plan) {
@@ -79,7 +83,10 @@ uint64_t plan_fingerprint(const std::vector<Bucket> &plan) {
     uint64_t bits;
     std::memcpy(&bits, &priority, sizeof bits);
     f.add(static_cast<uint64_t>(b.dtype)).add(b.count).add(b.direct);
-    f.add(bits);
+    // Each half apart: priorities that differ in their exponent alone
+    // would differ in the hash's top bits alone, which products never
+    // carry down, and collide there.
+    f.add(bits >> 32).add(bits & 0xffffffffu);
     f.add(b.segments.size());
     for (const Segment &s : b.segments)
       f.add(s.tensor).add(s.tensor_offset).add(s.count);

@@ -13,42 +13,20 @@ namespace {
 // The next engine iteration's number, across the process's engines.
 std::atomic<int64_t> next_iteration{0};
 
-bool priorities_differ(const std::vector<Bucket> &plan) {
-  for (const Bucket &b : plan) {
-    if (b.priority != plan[0].priority)
-      return true;
-  }
-  return false;
-}
-
-// The plan's buckets, highest priority first, ties in plan order.
-std::vector<size_t> highest_first(const std::vector<Bucket> &plan) {
-  std::vector<size_t> order(plan.size());
-  std::iota(order.begin(), order.end(), size_t(0));
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return plan[a].priority > plan[b].priority;
-  });
-  return order;
-}
-
 } // namespace
 
 Engine::Engine(std::unique_ptr<Transport> transport,
                std::unique_ptr<BucketRunner> runner, size_t num_tensors,
                std::vector<Bucket> plan, int poll_us)
     : transport_(std::move(transport)), runner_(std::move(runner)),
-      plan_(std::move(plan)), by_priority_(priorities_differ(plan_)),
-      priority_order_(highest_first(plan_)),
-      polling_{poll_us, &hurry_, &cancel_},
+      plan_(std::move(plan)), polling_{poll_us, &hurry_, &cancel_},
       buckets_of_(num_tensors), pending_(plan_.size()),
       ptrs_(num_tensors, nullptr), dtypes_(num_tensors, DType::kFloat32),
-      launches_(plan_.size()), agreed_(plan_.size()), round_(plan_.size()),
       tuner_(config::engine_launch()) {
   for (size_t b = 0; b < plan_.size(); ++b) {
     for (size_t t : plan_[b].tensors)
       buckets_of_[t].push_back(b);
   }
-  std::iota(launches_.begin(), launches_.end(), size_t(0));
   thread_ = std::thread([this] { run(); });
 }
 
@@ -81,13 +59,8 @@ Status Engine::begin(float scale, int divisor) {
     pending_[b] = plan_[b].tensors.size();
   }
   std::fill(ptrs_.begin(), ptrs_.end(), nullptr);
-  if (by_priority_) {
-    launches_.clear();
-    std::fill(agreed_.begin(), agreed_.end(), 0);
-  }
   next_ = 0;
   ready_ = 0;
-  offered_ = 0;
   // Even without buckets the closing round runs: it is how the ranks
   // learn that one failed.
   active_ = true;
@@ -209,16 +182,8 @@ Engine::Step Engine::next_step() const {
     return closing_ || failed_here_ ? Step::kClose : Step::kWait;
   const bool eager = tuner_.next() == Launch::kEager;
   const bool complete = ready_ == plan_.size();
-  if (next_ < launches_.size()) {
-    // Agreed buckets are ready everywhere; the plan's next must be here.
-    const bool go = by_priority_ || (pending_[launches_[next_]] == 0 &&
-                                     (eager || complete));
-    return go ? Step::kBucket : Step::kWait;
-  }
-  // Priority order, every agreed bucket launched (engine.hpp: when a rank
-  // takes part in a round).
-  return complete || (eager && ready_ > offered_) ? Step::kRound
-                                                  : Step::kWait;
+  return pending_[next_] == 0 && (eager || complete) ? Step::kBucket
+                                                      : Step::kWait;
 }
 
 void Engine::run() {
@@ -238,12 +203,6 @@ void Engine::run() {
     }
     if (step == Step::kStop)
       return;
-    if (step == Step::kRound) {
-      const Status status = agree_on_ready(lock);
-      if (!status.ok())
-        end_iteration(status); // the ranks may not agree on what is next
-      continue;
-    }
     const bool failed = failed_here_;
     if (step == Step::kClose) {
       lock.unlock();
@@ -259,7 +218,7 @@ void Engine::run() {
       end_iteration(status);
       continue;
     }
-    const size_t b = launches_[next_];
+    const size_t b = next_;
     lock.unlock();
     Status status;
     Phase reached;
@@ -322,32 +281,6 @@ void Engine::fail_here(const std::string &message) {
   ready_ = plan_.size();
 }
 
-Status Engine::agree_on_ready(std::unique_lock<std::mutex> &lock) {
-  for (size_t b = 0; b < plan_.size(); ++b)
-    round_[b] = !agreed_[b] && pending_[b] == 0;
-  offered_ = ready_;
-  lock.unlock();
-  Status status;
-  {
-    OperationLabel label("all_reduce_callback: the round that agrees which "
-                         "buckets are ready");
-    TimelineSpan span(Track::kEngine, "round");
-    if (span.on())
-      span.args().iteration = iteration_;
-    status = transport_->host().allreduce(round_.data(), round_.size(),
-                                          DType::kInt32, 1.0f, 1, &polling_);
-  }
-  lock.lock();
-  NNCOMM_RETURN_IF_ERROR(status);
-  for (size_t b : priority_order_) {
-    if (round_[b] == transport_->size()) {
-      launches_.push_back(b);
-      agreed_[b] = 1;
-    }
-  }
-  return Status::Ok();
-}
-
 Status Engine::close_iteration(bool failed, bool *any_failed, double *seconds) {
   TimelineSpan span(Track::kEngine, "close");
   if (span.on())
@@ -372,7 +305,9 @@ Launch Engine::launch(bool *decided) {
 
 std::vector<size_t> Engine::launched() {
   std::lock_guard<std::mutex> lock(mutex_);
-  return std::vector<size_t>(launches_.begin(), launches_.begin() + next_);
+  std::vector<size_t> order(next_);
+  std::iota(order.begin(), order.end(), size_t(0));
+  return order;
 }
 
 Status Engine::reduce_bucket(size_t b, bool failed, Phase *reached) {

@@ -22,8 +22,6 @@ rounding per addition); a callback reused over iterations and over a
 rebuilt graph against a new one per iteration; gradients accumulated over
 two backwards; nncomm.chain_hooks; priority order ("forward" and numbers).
 """
-import os
-
 import numpy as np
 from mpi4py import MPI
 
@@ -172,11 +170,10 @@ def against_all_reduce(ck, comm, model, group, ranks, pack, division, scale,
 
 def prioritized(ck, comm, models, world):
     """priority: the results as without; the buckets launched alike on
-    every rank; and under the deferred schedule, where every bucket is
-    ready at once, "forward" launches first the first layer's (the main
-    model's convolution, gradients 0 and 1)."""
+    every rank, highest priority first: "forward" launches first the first
+    layer's (the main model's convolution, gradients 0 and 1), numbers
+    launch a higher before a lower, under every schedule."""
     main, shared = models
-    deferred = os.environ.get("NNCOMM_LAUNCH") == "deferred"
     for model, pack, priority in [
             (main, 8, "forward"), (main, 1000, "forward"),
             (shared, 2, "forward"),
@@ -187,7 +184,11 @@ def prioritized(ck, comm, models, world):
         everywhere = MPI.COMM_WORLD.allgather(cb.launch_order)
         ck.true(all(o == everywhere[0] for o in everywhere),
                 f"{what}: launched alike on every rank", str(everywhere))
-        if deferred and model is main:
+        if isinstance(priority, list):
+            highest = [max(priority[i] for i in b) for b in cb.launch_order]
+            ck.equal(highest, sorted(highest, reverse=True),
+                     f"{what}: the highest priority first")
+        elif model is main:
             ck.true({0, 1} & set(cb.launch_order[0]),
                     f"{what}: the first layer's gradients first",
                     str(cb.launch_order))

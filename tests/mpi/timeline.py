@@ -1,14 +1,14 @@
 """The timeline: a small MLP trained with all_reduce_callback (buckets of 20
 elements: several; the callback reused, then one with priority="forward",
-whose rounds show), then list collectives on the world and on a group, and
+its plan sorted), then list collectives on the world and on a group, and
 with NNCOMM_STALL_WARNING=1 a collective that ranks other than 0 reach 3 s
 late. The file is read back with json and checked: the trace format (every
 event has ph, ts, pid, tid and name; complete events a duration >= 0; the
 ranks' processes and tracks named by metadata; pids are the ranks); per
 rank and iteration, each bucket packed, reduced and unpacked in that order
 inside its backward (from the callback's first hook call to the return of
-its finish), every gradient's ready instant inside it, the closing round,
-the rounds of priority order; the engine's events one after another; the
+its finish), every gradient's ready instant inside it, the buckets in plan
+order, the closing round; the engine's events one after another; the
 collectives in order with their bytes, dtype and group; the stall report;
 no event dropped.
 
@@ -41,7 +41,7 @@ from _harness import Checker, make_comm, mlp, nd
 
 PACK = 20
 ITERATIONS = 4           # callback reused, in plan order
-PRIORITY_ITERATIONS = 2  # priority="forward": rounds
+PRIORITY_ITERATIONS = 2  # priority="forward": its own plan
 GRADIENTS = 6            # the MLP's weights and biases
 GROUP = "reversed"
 TRACKS = {1: "backward", 2: "gradients", 3: "engine", 4: "collectives",
@@ -166,7 +166,7 @@ def inside(e, span):
 
 
 def check_iterations(ck, pid, mine, gradients, buckets):
-    """Rank `pid`'s backwards, gradients, buckets and rounds."""
+    """Rank `pid`'s backwards, gradients, buckets and closing rounds."""
     backwards = [e for e in mine if e["name"] == "backward"]
     ck.equal(len(backwards), ITERATIONS + PRIORITY_ITERATIONS,
              f"rank {pid}: one backward per iteration")
@@ -174,7 +174,7 @@ def check_iterations(ck, pid, mine, gradients, buckets):
     ck.equal(len(set(iterations)), len(iterations),
              f"rank {pid}: iterations numbered apart")
     engine = [e for e in mine if e["cat"] == "engine" and e["ph"] == "X"]
-    for k, bw in enumerate(backwards):
+    for bw in backwards:
         it = bw["args"]["iteration"]
         of = [e for e in mine if e.get("args", {}).get("iteration") == it]
         what = f"rank {pid}, iteration {it}"
@@ -209,12 +209,11 @@ def check_iterations(ck, pid, mine, gradients, buckets):
             ck.equal(len(spans), count, f"{what}: one {name}")
             ck.true(all(inside(e, bw) for e in spans),
                     f"{what}: {name} inside the backward")
-        rounds = [e for e in of if e["name"] == "round"]
-        if k < ITERATIONS:
-            ck.equal(rounds, [], f"{what}: no rounds in plan order")
-        else:
-            ck.true(rounds and all(inside(e, bw) for e in rounds),
-                    f"{what}: priority order's rounds inside the backward")
+        packs = sorted((e for e in of if e["name"] == "pack"),
+                       key=lambda e: e["ts"])
+        packed = [e["args"]["bucket"] for e in packs]
+        ck.equal(packed, list(range(buckets)),
+                 f"{what}: the buckets packed in plan order")
     ends = [(e["ts"], end(e)) for e in sorted(engine, key=lambda e: e["ts"])]
     ck.true(all(a[1] <= b[0] + ROUNDING for a, b in zip(ends, ends[1:])),
             f"rank {pid}: the engine's events follow one another")

@@ -3,10 +3,10 @@
 // schedule NNCOMM_LAUNCH sets for the process (tests/test_unit.py runs
 // these under each); the tuner deciding alike on every rank; the failures:
 // a rank that fails, a local error, a transport error, a begin() too
-// early; and priority order: the same rounds and launches on every rank,
-// highest priority first among buckets agreed together, whatever order
-// each rank's gradients come in, with a failed rank, a failed round and
-// under either schedule.
+// early; and priority order: the plan sorted highest priority first (ties
+// in plan order) and launched in that order on every rank, whatever order
+// each rank's gradients come in, with a failed rank and under either
+// schedule.
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -617,8 +617,8 @@ TEST(engine_finish_lets_an_interrupt_through) {
   CHECK_EQ(world.log(0).size(), size_t(1));
 }
 
-// -- Priority order (engine.hpp): rounds agree which buckets are ready on
-// every rank; those go out highest priority first.
+// -- Priority order: prioritize() sorts the plan, highest priority first,
+// ties in plan order, and the engine launches it as it launches any plan.
 
 namespace {
 
@@ -628,54 +628,50 @@ Model prioritized(Model model, const std::vector<double> &priorities) {
   return model;
 }
 
-// Whether bucket `a` may go out before bucket `b` of one round.
-bool goes_before(const std::vector<Bucket> &plan, size_t a, size_t b) {
-  return plan[a].priority > plan[b].priority ||
-         (plan[a].priority == plan[b].priority && a < b);
+// What prioritize() must make of `plan`, worked out another way: each
+// bucket given the highest of its tensors' `priorities`, then the buckets
+// taken one at a time, the first of the highest left.
+std::vector<Bucket> highest_first(std::vector<Bucket> plan,
+                                  const std::vector<double> &priorities) {
+  for (Bucket &b : plan) {
+    b.priority = -1e300;
+    for (const Segment &s : b.segments)
+      b.priority = std::max(b.priority, priorities[s.tensor]);
+  }
+  std::vector<Bucket> sorted;
+  while (!plan.empty()) {
+    size_t best = 0;
+    for (size_t b = 1; b < plan.size(); ++b) {
+      if (plan[b].priority > plan[best].priority)
+        best = b;
+    }
+    sorted.push_back(plan[best]);
+    plan.erase(plan.begin() + best);
+  }
+  return sorted;
 }
 
-// Checks one iteration of priority order, from call `from` of every rank's
-// log, `launched` being each rank's Engine::launched(): the same calls and
-// launches on every rank; rounds (an int32 all-reduce over the buckets),
-// each followed by the buckets it agreed on, highest priority first; each
-// bucket once; no round after the last bucket, at most one per bucket;
-// then the closing round. Returns where the next iteration's calls start.
-size_t check_agreed(const FakeWorld &world, const Model &model,
+// The tensors of each bucket of `plan`, taken in `order`.
+std::vector<std::vector<size_t>> tensors_of(const std::vector<Bucket> &plan,
+                                            const std::vector<size_t> &order) {
+  std::vector<std::vector<size_t>> tensors;
+  for (size_t b : order)
+    tensors.push_back(plan[b].tensors);
+  return tensors;
+}
+
+// Checks `iterations` iterations of every rank (`launched` being each
+// rank's Engine::launched() after the last): the plan's buckets, no call
+// but theirs and the closing round, in the plan's order on every rank.
+void check_launched(const FakeWorld &world, const Model &model,
                     const std::vector<std::vector<size_t>> &launched,
-                    size_t from) {
-  const std::vector<Call> calls = world.calls(0);
-  for (int r = 1; r < world.size(); ++r) {
-    CHECK_EQ(world.calls(r), calls);
-    CHECK_EQ(launched[r], launched[0]);
-  }
-  const std::vector<size_t> &order = launched[0];
-  const Call round{OpKind::kAllreduce, model.plan.size(), DType::kInt32};
-  const Call closing{OpKind::kAllreduce, 2, DType::kInt64};
-  size_t i = from, sent = 0, rounds = 0;
-  while (i < calls.size() && calls[i] != closing) {
-    CHECK_EQ(calls[i++], round);
-    ++rounds;
-    const size_t first = sent;
-    for (; i < calls.size() && calls[i] != round && calls[i] != closing;
-         ++i, ++sent) {
-      if (sent == order.size())
-        break; // reported below
-      const Bucket &b = model.plan[order[sent]];
-      CHECK_EQ(calls[i], (Call{OpKind::kAllreduce, b.count, b.dtype}));
-      if (sent > first)
-        CHECK(goes_before(model.plan, order[sent - 1], order[sent]));
-    }
-  }
-  CHECK(i < calls.size());
-  CHECK(calls[i - 1] != round);
-  CHECK(rounds <= model.plan.size());
-  std::vector<size_t> sorted = order;
-  std::sort(sorted.begin(), sorted.end());
+                    int iterations = 1) {
   std::vector<size_t> every(model.plan.size());
   std::iota(every.begin(), every.end(), size_t(0));
-  CHECK_EQ(sorted, every);
-  CHECK_EQ(sent, model.plan.size());
-  return i + 1;
+  for (int r = 0; r < world.size(); ++r) {
+    CHECK_EQ(world.calls(r), iteration_calls(model.plan, iterations));
+    CHECK_EQ(launched[r], every);
+  }
 }
 
 // Marks `g`'s tensors ready in `order`, `pause` apart.
@@ -721,11 +717,11 @@ struct Ranks {
 
 // One iteration over `model` on `size` fresh ranks, rank r marking its
 // gradients `g` as `mark(r, engine, g)` does: checks that it reduced
-// right and agreed alike (check_agreed); returns the launches and how
-// many calls each rank made.
-std::pair<std::vector<size_t>, size_t>
-reduce_agreed(int size, const Model &model,
-              const std::function<void(int, Engine &, Gradients &)> &mark) {
+// right and launched the plan in its order (check_launched); returns rank
+// 0's launches.
+std::vector<size_t>
+reduce_in_order(int size, const Model &model,
+                const std::function<void(int, Engine &, Gradients &)> &mark) {
   Ranks ranks(size, model);
   std::vector<std::vector<size_t>> launched;
   const auto finished = iterate_with(
@@ -735,13 +731,38 @@ reduce_agreed(int size, const Model &model,
   for (const Status &s : finished)
     CHECK_OK(s);
   check_reduced(model, ranks.before, ranks.after, 1.0f, 1);
-  check_agreed(ranks.world, model, launched, 0);
-  return {launched[0], ranks.world.calls(0).size()};
+  check_launched(ranks.world, model, launched);
+  return launched[0];
 }
 
 } // namespace
 
-TEST(engine_priority_reduces_random_plans_alike_on_every_rank) {
+TEST(plan_prioritized_highest_first_ties_in_plan_order) {
+  std::mt19937_64 rng(29);
+  for (int c = 0; c < 200; ++c) {
+    const Model model = random_model(rng, 40);
+    std::vector<double> priorities(model.specs.size());
+    for (double &p : priorities)
+      p = static_cast<double>(rng() % 4) - 1.5;
+    const std::vector<Bucket> want = highest_first(model.plan, priorities);
+    const Model got = prioritized(model, priorities);
+    CHECK_EQ(got.plan.size(), want.size());
+    for (size_t b = 0; b < want.size(); ++b) {
+      CHECK_EQ(got.plan[b].priority, want[b].priority);
+      CHECK_EQ(got.plan[b].tensors, want[b].tensors);
+    }
+    CHECK_EQ(plan_fingerprint(got.plan), plan_fingerprint(want));
+    // Ranks given other priorities are told apart, even where the order
+    // stays.
+    std::vector<double> higher = priorities;
+    for (double &p : higher)
+      p += 1;
+    CHECK(plan_fingerprint(prioritized(model, higher).plan) !=
+          plan_fingerprint(got.plan));
+  }
+}
+
+TEST(engine_priority_reduces_random_plans_in_priority_order) {
   std::mt19937_64 rng(23);
   for (int c = 0; c < 18; ++c) {
     const int size = 2 + c % 3;
@@ -754,18 +775,20 @@ TEST(engine_priority_reduces_random_plans_alike_on_every_rank) {
       model = prioritized(model, priorities);
     } while (model.plan.size() < 2 ||
              model.plan[0].priority == model.plan.back().priority);
+    for (size_t b = 1; b < model.plan.size(); ++b)
+      CHECK(model.plan[b - 1].priority >= model.plan[b].priority);
     FakeWorld world(size);
     for (int r = 0; r < size; ++r)
       world.set_delay(r, std::chrono::microseconds(rng() % 200));
     auto engines = engines_on(world, model);
-    size_t from = 0;
-    for (int i = 0; i < 3; ++i) {
+    const int iterations = 3;
+    std::vector<std::vector<size_t>> launched;
+    for (int i = 0; i < iterations; ++i) {
       std::vector<Gradients> before;
       for (int r = 0; r < size; ++r)
         before.push_back(random_gradients(model, rng));
       std::vector<Gradients> after = before;
       const uint64_t seed = rng();
-      std::vector<std::vector<size_t>> launched;
       const auto finished = iterate_with(
           engines,
           [&](int rank, Engine &engine) {
@@ -776,35 +799,38 @@ TEST(engine_priority_reduces_random_plans_alike_on_every_rank) {
       for (const Status &s : finished)
         CHECK_OK(s);
       check_reduced(model, before, after, 1.0f, 1);
-      from = check_agreed(world, model, launched, from);
     }
+    check_launched(world, model, launched, iterations);
   }
 }
 
 TEST(engine_priority_sends_the_highest_first_when_all_are_ready) {
   // Tensor 1 spans every bucket, and is made ready last: all four buckets
   // become ready at once, (a, 1), (1), (1), (1, b) of priorities 5, 0, 0
-  // and 9, and go out as 3, 0, 1, 2 after one round.
+  // and 9, and go out as (1, b), (a, 1), (1), (1).
   Model model = simple_model({1, 38, 1}, 10);
   const uint64_t unordered = plan_fingerprint(model.plan);
   model = prioritized(model, {5, 0, 9});
   CHECK(plan_fingerprint(model.plan) != unordered);
   for (int size : {1, 2, 3, 4}) {
-    const auto [launched, calls] = reduce_agreed(
+    const std::vector<size_t> launched = reduce_in_order(
         size, model, [](int, Engine &engine, Gradients &g) {
           mark_in(engine, {0, 2, 1}, g, std::chrono::microseconds(500));
         });
-    CHECK_EQ(launched, (std::vector<size_t>{3, 0, 1, 2}));
-    CHECK_EQ(calls, size_t(1 + 4 + 1));
+    CHECK_EQ(tensors_of(model.plan, launched),
+             (std::vector<std::vector<size_t>>{{1, 2}, {0, 1}, {1}, {1}}));
   }
 }
 
-TEST(engine_priority_agrees_whatever_order_ranks_are_ready_in) {
-  // Six buckets, priorities rising along the plan (as "forward" gives).
+TEST(engine_priority_order_whatever_order_ranks_are_ready_in) {
+  // Six buckets, priorities rising along the planned order (as "forward"
+  // gives): they go out last tensor's first.
   const Model model =
       prioritized(simple_model({8, 8, 8, 8, 8, 8}, 8), {0, 1, 2, 3, 4, 5});
   const std::vector<size_t> forward = {0, 1, 2, 3, 4, 5};
   const std::vector<size_t> backward = {5, 4, 3, 2, 1, 0};
+  const std::vector<std::vector<size_t>> highest_first = {{5}, {4}, {3},
+                                                          {2}, {1}, {0}};
   const auto pause = std::chrono::microseconds(2000);
   struct Case {
     // Rank r's order, and whether it marks without pauses.
@@ -823,10 +849,12 @@ TEST(engine_priority_agrees_whatever_order_ranks_are_ready_in) {
   };
   for (const Case &c : cases) {
     for (int size : {2, 3, 4}) {
-      reduce_agreed(size, model, [&](int rank, Engine &engine, Gradients &g) {
-        mark_in(engine, c.order(rank), g,
-                c.at_once(rank) ? std::chrono::microseconds(0) : pause);
-      });
+      const std::vector<size_t> launched = reduce_in_order(
+          size, model, [&](int rank, Engine &engine, Gradients &g) {
+            mark_in(engine, c.order(rank), g,
+                    c.at_once(rank) ? std::chrono::microseconds(0) : pause);
+          });
+      CHECK_EQ(tensors_of(model.plan, launched), highest_first);
     }
   }
 }
@@ -862,7 +890,7 @@ TEST(engine_priority_failed_rank_sends_zeros_and_fails_every_rank) {
                        r == failing ? "backward failed here"
                                     : "another rank of the group failed");
       }
-      const size_t next = check_agreed(ranks.world, model, launched, 0);
+      check_launched(ranks.world, model, launched);
       // The failed rank's buckets that were not ready went out as zeros and
       // wrote nothing back.
       for (size_t k = marked_first; k < order.size(); ++k)
@@ -879,67 +907,7 @@ TEST(engine_priority_failed_rank_sends_zeros_and_fails_every_rank) {
       for (const Status &s : again)
         CHECK_OK(s);
       check_reduced(model, before, after, 1.0f, 1);
-      check_agreed(ranks.world, model, launched, next);
+      check_launched(ranks.world, model, launched, 2);
     }
-  }
-}
-
-TEST(engine_priority_failed_round_ends_the_iteration) {
-  // The first round fails on every rank: nothing more is sent.
-  const Model model = prioritized(simple_model({8, 8}, 8), {0, 1});
-  FakeWorld world(3);
-  for (int r = 0; r < 3; ++r)
-    world.fail_operation(r, 0);
-  auto engines = engines_on(world, model);
-  std::mt19937_64 rng(2);
-  std::vector<Gradients> g;
-  for (int r = 0; r < 3; ++r)
-    g.push_back(planned_gradients(model, rng));
-  for (const Status &s : iterate(engines, model, g, 1.0f, 1, 5))
-    CHECK_EQ(s.code(), StatusCode::kTransport);
-  for (int r = 0; r < 3; ++r)
-    CHECK_EQ(world.log(r).size(), size_t(1));
-}
-
-TEST(engine_priority_rounds_follow_the_schedule) {
-  // Deferred: one round, once every rank has every bucket, whatever the
-  // order; eager: a round as a rank's ready buckets grow.
-  const Model model =
-      prioritized(simple_model({300, 7, 1000, 20}, 256), {1, 2, 3, 4});
-  const int size = 3;
-  FakeWorld world(size);
-  for (int r = 0; r < size; ++r)
-    world.set_delay(r, std::chrono::microseconds(300 * r));
-  auto engines = engines_on(world, model);
-  size_t from = 0;
-  for (int i = 0; i <= 8; ++i) {
-    bool decided = false;
-    const Launch launch = engines[0]->launch(&decided);
-    std::vector<std::vector<size_t>> launched;
-    std::vector<Gradients> g;
-    std::mt19937_64 rng(i);
-    for (int r = 0; r < size; ++r)
-      g.push_back(planned_gradients(model, rng));
-    const auto finished = iterate_with(
-        engines,
-        [&](int rank, Engine &engine) {
-          std::vector<size_t> order = {0, 1, 2, 3};
-          std::mt19937_64 shuffling(rank + 10 * i);
-          std::shuffle(order.begin(), order.end(), shuffling);
-          mark_in(engine, order, g[rank], std::chrono::microseconds(500));
-        },
-        &launched);
-    for (const Status &s : finished)
-      CHECK_OK(s);
-    const size_t next = check_agreed(world, model, launched, from);
-    const Call round{OpKind::kAllreduce, model.plan.size(), DType::kInt32};
-    const std::vector<Call> calls = world.calls(0);
-    const auto rounds = std::count(calls.begin() + from,
-                                   calls.begin() + next, round);
-    if (launch == Launch::kDeferred)
-      CHECK_EQ(rounds, 1);
-    else
-      CHECK(rounds >= 1);
-    from = next;
   }
 }

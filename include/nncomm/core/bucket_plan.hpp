@@ -34,8 +34,8 @@ struct Bucket {
   bool direct = false;
   std::vector<Segment> segments;
   std::vector<size_t> tensors; // distinct tensors with a segment here
-  // Of the buckets ready on every rank, the highest goes out first, in an
-  // engine whose plan has more than one (engine.hpp).
+  // The highest of its tensors' priorities (prioritize()); in the plan's
+  // fingerprint, so that ranks given different priorities are refused.
   double priority = 0;
 };
 
@@ -54,7 +54,9 @@ std::vector<Bucket> plan_buckets(const std::vector<TensorSpec> &tensors,
                                  size_t direct_bytes);
 
 // Gives each bucket of `plan` the highest of its tensors' `priorities`
-// (by tensor index).
+// (by tensor index) and sorts the plan by it, highest first, ties in plan
+// order: a static launch order, the same on every rank given the same
+// priorities.
 void prioritize(const std::vector<double> &priorities,
                 std::vector<Bucket> *plan);
 

@@ -2,57 +2,33 @@
 // backward goes on.
 //
 // The framework adapter (pyx/callback.pxi) calls mark_ready() as each
-// gradient becomes final. By default the engine's thread launches buckets
-// strictly in plan order, so every rank issues the same calls whatever
-// order its gradients finish in: it waits until the next bucket's tensors
+// gradient becomes final. The engine's thread launches buckets strictly in
+// plan order, so every rank issues the same calls whatever order its
+// gradients finish in: it waits until the next bucket's tensors
 // are all ready and has its BucketRunner reduce it (times `scale`, summed,
 // divided by `divisor`), waiting on the transport as its Polling says.
 //
 // Buckets go out as soon as they are ready, or all once the last is ready,
 // as the LaunchTuner says.
 //
-// Priority order (BytePS's: what the next forward needs first is sent
-// first), for a plan whose buckets do not all have one priority
-// (bucket_plan.hpp). The ranks agree which buckets are ready on every rank,
-// as Horovod's coordinator does: in a round, each rank adds a 1 per bucket
-// it has ready and not yet launched to one int32 all-reduce over the
-// buckets; a sum equal to the group's size means ready everywhere, and
-// those buckets are launched highest priority first (ties in plan order).
-// Every rank sees the same sums, so every rank launches the same buckets in
-// the same order, and the rounds and buckets are one sequence of calls.
-// A rank takes part in the next round when buckets are left to launch and
-// its ready set is complete, or grew since its own last round (under the
-// deferred schedule a set counts as empty until it is complete, so there
-// is one round, once every rank has every bucket). That is deadlock-free:
-// after a round that left buckets, a rank whose set is complete comes at
-// once, and every other rank's set is bound to grow, since backward makes
-// each gradient final (or fail() makes every bucket count) without waiting
-// for communication; so every rank comes to every round, and none to a
-// round after the last bucket went out, which every rank knows alike. It
-// is bounded: as every rank comes to every round, the k-th round finds
-// each incomplete set holding k of the n buckets at least, so only the
-// first n-1 rounds can find one incomplete, and a round that finds every
-// set complete launches all that is left: at most n rounds an iteration.
-// It does not spin: a round in which buckets were ready on some ranks only
-// (one rank ahead, or gradients finishing in opposite orders) is not
-// repeated until some rank has more.
+// Priority order (BytePS's `priority=`) is the plan's own order:
+// prioritize() (bucket_plan.hpp) sorts the buckets highest priority first,
+// and the engine launches them as it launches any plan.
 //
 // A rank that fails locally mid-iteration (fail()) still sends every
-// remaining bucket, zero-filled (for the rounds, its set is complete), so
-// that no rank is left waiting; after the last bucket, once finish() is
-// called, the ranks sum a failure flag and the iteration's time, so every
-// rank learns whether some rank failed before it finished, and every
-// rank's tuner sees the same times.
+// remaining bucket, zero-filled, so that no rank is left waiting; after the
+// last bucket, once finish() is called, the ranks sum a failure flag and
+// the iteration's time, so every rank learns whether some rank failed
+// before it finished, and every rank's tuner sees the same times.
 //
 // While the timeline is on (timeline.hpp), the engine records each
 // iteration from begin() to the return of finish() ("backward", with
 // finish()'s wait for the thread, "wait_engine"), each gradient made ready,
 // and on the thread's own track each bucket's "pack" (packing, and posting
 // the reduction), "reduce" (waiting for it) and "unpack" (writing it
-// back), the rounds of priority order ("round"), the closing round
-// ("close") and the thread's waits for backward within an iteration
-// ("wait_gradients"). Iterations are numbered across the process's
-// engines, so that each number is one engine's iteration.
+// back), the closing round ("close") and the thread's waits for backward
+// within an iteration ("wait_gradients"). Iterations are numbered across
+// the process's engines, so that each number is one engine's iteration.
 #pragma once
 
 #include <atomic>
@@ -82,8 +58,7 @@ public:
   // engine its own communicator: two engines on one would interleave their
   // collectives differently on different ranks), reducing buckets with
   // `runner` (which works on `transport`). `plan` covers `num_tensors`
-  // tensors by index; it is launched in priority order when its buckets'
-  // priorities differ.
+  // tensors by index; its buckets are launched in its order.
   Engine(std::unique_ptr<Transport> transport,
          std::unique_ptr<BucketRunner> runner, size_t num_tensors,
          std::vector<Bucket> plan, int poll_us);
@@ -116,7 +91,7 @@ public:
 
 private:
   // What the thread does next.
-  enum class Step { kWait, kBucket, kRound, kClose, kStop };
+  enum class Step { kWait, kBucket, kClose, kStop };
   // Called holding mutex_.
   Step next_step() const;
   void run();
@@ -145,15 +120,10 @@ private:
   // The round after the last bucket: did any rank fail, and how long did
   // the iteration take on all ranks together (for the tuner)?
   Status close_iteration(bool failed, bool *any_failed, double *seconds);
-  // A round of priority order: launches_ gains the buckets ready on every
-  // rank. Called holding `lock`, which it releases while it communicates.
-  Status agree_on_ready(std::unique_lock<std::mutex> &lock);
 
   const std::unique_ptr<Transport> transport_;
   const std::unique_ptr<BucketRunner> runner_; // uses transport_
   const std::vector<Bucket> plan_;
-  const bool by_priority_;
-  const std::vector<size_t> priority_order_; // highest first
   std::atomic<bool> hurry_{false}; // finish() is waiting: poll without pause
   std::atomic<bool> cancel_{false}; // stop waiting on MPI: being destroyed
   const Polling polling_;
@@ -164,15 +134,10 @@ private:
   std::vector<size_t> pending_; // bucket -> tensors not ready yet
   std::vector<void *> ptrs_;    // tensor -> its memory this iteration
   std::vector<DType> dtypes_;   // tensor -> its dtype this iteration
-  // The buckets to launch this iteration, in order: the plan's, or in
-  // priority order those agreed so far. next_ indexes it; at the plan's
-  // size, the closing round is next.
-  std::vector<size_t> launches_;
+  // The next bucket to launch; at the plan's size, the closing round is
+  // next.
   size_t next_ = 0;
-  size_t ready_ = 0;   // buckets whose tensors are all ready (or failed)
-  size_t offered_ = 0; // ready_ at this rank's latest round
-  std::vector<char> agreed_;    // bucket -> in launches_ (priority order)
-  std::vector<int32_t> round_;  // bucket -> ranks that have it ready
+  size_t ready_ = 0; // buckets whose tensors are all ready (or failed)
   // Its next() is this iteration's schedule: it changes only when the
   // iteration's closing round is recorded.
   LaunchTuner tuner_;
