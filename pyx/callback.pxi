@@ -10,11 +10,12 @@
 
 # Bounds on what is kept per set of gradients: analyses of distinct graphs
 # (each keeps its graph alive, so few: a script that builds a new graph
-# every iteration needs only the latest), and engines (one thread each) for
-# distinct plans.
+# every iteration needs only the latest), and, by memory (engines.pxi), the
+# plans of its engine thread; and of sets of gradients, each with its
+# engine thread, per group (some 30 threads at most).
 cdef int _MAX_ANALYSES = 2
-cdef int _MAX_ENGINES = 4
-cdef int _MAX_STATES = 16
+cdef size_t _PLANS_BYTES = 16 << 20
+cdef size_t _STATES_BYTES = 256 << 20
 
 # The states with a backward in flight, on any thread. A thread that enters
 # nncomm anywhere else (another backward, a collective, a solver) while its
@@ -22,11 +23,25 @@ cdef int _MAX_STATES = 16
 cdef set _in_flight = set()
 
 
-cdef void remember(dict cache, key, value, int bound):
-    """Inserts into a dict used as a small FIFO cache."""
-    if len(cache) >= bound:
-        del cache[next(iter(cache))]
+cdef int remember(dict cache, key, value, size_t budget,
+                  measure=None) except -1:
+    """Inserts into a dict used as a small FIFO cache, then drops its oldest
+    entries until what they hold (`measure(entry)`; 1 each without it) is
+    within `budget`, keeping the new one and any whose backward is in
+    flight."""
     cache[key] = value
+    held = sum(measure(v) for v in cache.values()) if measure is not None \
+        else len(cache)
+    for old in list(cache):
+        if held <= budget:
+            break
+        entry = cache[old]
+        if old is key or (isinstance(entry, _CallbackState) and
+                           entry in _in_flight):
+            continue
+        held -= measure(entry) if measure is not None else 1
+        del cache[old]
+    return 0
 
 
 # Per thread: the depth of nncomm calls made by nnabla's own functions
@@ -114,7 +129,7 @@ cdef class _Backward:
     """One backward in flight over a set of gradients."""
     cdef object owner  # the AllReduceCallback whose call began it
     cdef object graph
-    cdef _Engine engine
+    cdef _Plan plan
     cdef vector[int] pending  # per gradient: functions still to write it
     cdef bytearray called  # per function of the graph: has it run
     cdef Py_ssize_t calls_left
@@ -132,14 +147,15 @@ cdef class _Backward:
 
 cdef class _CallbackState:
     """What callbacks over the same gradients share across iterations and
-    across callback objects: graph analyses and engines, so that a static
-    graph is analysed once and steady-state iterations allocate nothing,
-    and the backward in flight."""
+    across callback objects: graph analyses, the engine thread and its
+    plans, so that a static graph is analysed once and steady-state
+    iterations allocate nothing, and the backward in flight."""
     cdef dict analyses
-    cdef dict engines
+    cdef _EngineThread thread  # made with the first plan
+    cdef dict plans
     cdef dict _positions
     cdef _Backward backward
-    cdef _Engine latest
+    cdef _Plan latest
     cdef _Group group
     # The gradients' dtype codes the plans are made for, read again when a
     # gradient became final in another dtype (`replan`).
@@ -148,9 +164,16 @@ cdef class _CallbackState:
 
     def __cinit__(self, _Group group):
         self.analyses = {}
-        self.engines = {}
+        self.plans = {}
         self._positions = None
         self.group = group
+
+    @property
+    def bytes(self):
+        """What the state holds of engines, as the caches count it."""
+        if self.thread is None:
+            return 0
+        return self.thread.bytes + sum(p.bytes for p in self.plans.values())
 
     cdef dict positions(self, list grads):
         """Gradient array to its position in the list."""
@@ -167,7 +190,7 @@ cdef class _CallbackState:
         cdef _Backward bw = self.backward
         # An analysis that mispredicted must not be used again.
         self.analyses.clear()
-        bw.engine.engine.get().fail(message.encode())
+        bw.plan.core().fail(message.encode())
         try:
             (<AllReduceCallback>bw.owner)._finish(bw)
         except CommunicatorError:
@@ -216,7 +239,8 @@ cdef class AllReduceCallback:
         if self.state.latest is None:
             return None
         cdef cpp_bool decided = False
-        cdef Launch launch = self.state.latest.engine.get().launch(&decided)
+        cdef Launch launch = self.state.latest.core().launch(
+            self.state.latest.id, &decided)
         if not decided:
             return "tuning"
         return "eager" if launch == Launch.kEager else "deferred"
@@ -299,46 +323,46 @@ cdef class AllReduceCallback:
         priorities = graph.forward if self.priority == "forward" else \
             self.priority
         key = (graph.reached, sizes, codes, priorities)
-        cdef _Engine engine = self.state.engines.get(key)
-        if engine is None:
-            engine = self._new_engine(graph.reached, sizes, codes,
-                                      priorities)
-            remember(self.state.engines, key, engine, _MAX_ENGINES)
-        cdef Status status = engine.engine.get().begin(
-            self.scale, len(self.group.ranks) if self.division else 1)
-        CHKSTATUS(status)
+        cdef _Plan plan = self.state.plans.get(key)
+        if plan is None:
+            plan = self._new_plan(graph.reached, sizes, codes, priorities)
+            remember(self.state.plans, key, plan, _PLANS_BYTES,
+                     operator.attrgetter("bytes"))
+        plan.begin(self.scale, len(self.group.ranks) if self.division else 1)
         cdef _Backward bw = _Backward.__new__(_Backward)
         bw.owner = self
         bw.graph = graph
-        bw.engine = engine
+        bw.plan = plan
         bw.pending = graph.counts
         bw.called = bytearray(len(graph.functions))
         bw.calls_left = len(graph.functions)
         bw.thread = threading.get_ident()
         self.state.backward = bw
-        self.state.latest = engine
+        self.state.latest = plan
         _in_flight.add(self.state)
         return bw
 
-    cdef _Engine _new_engine(self, tuple reached, tuple sizes, tuple codes,
-                             tuple priorities):
+    cdef _Plan _new_plan(self, tuple reached, tuple sizes, tuple codes,
+                         tuple priorities):
         # Gradients of the last layers are final first: plan those first.
         # On a CUDA context the engine works on the gradients' device, on
-        # nnabla's stream.
-        return make_engine(self.group, self.data, list(reversed(reached)),
-                           sizes, codes, self.pack_size, self.keep_dtype,
-                           self.wire,
-                           device_arrays(self.data[:1], self.ctx, self.cuda,
-                                         "data", None), priorities)
+        # nnabla's stream. The state's engine thread serves every plan.
+        cdef _Plan plan = make_plan(
+            self.group, self.data, list(reversed(reached)), sizes, codes,
+            self.pack_size, self.keep_dtype, self.wire,
+            device_arrays(self.data[:1], self.ctx, self.cuda, "data", None),
+            priorities, self.state.thread)
+        self.state.thread = plan.thread
+        return plan
 
     cdef int _ready(self, _Backward bw, Py_ssize_t i) except -1:
-        error = bw.engine.mark_ndarray(
+        error = bw.plan.mark_ndarray(
             i, self.data[i], self.ctx, "during backward",
             "when this backward began (reshaped during backward?)")
         if error is not None:
             self._fail(bw, error)
         # The next backward plans for the dtypes the gradients have then.
-        self.state.replan = self.state.replan or bw.engine.converted
+        self.state.replan = self.state.replan or bw.plan.converted
         return 0
 
     cdef int backward_done(self) except -1:
@@ -368,7 +392,7 @@ cdef class AllReduceCallback:
     cdef int _finish(self, _Backward bw) except -1:
         self.state.backward = None
         _in_flight.discard(self.state)
-        cdef Engine* engine = bw.engine.engine.get()
+        cdef Engine* engine = bw.plan.core()
         cdef Status status
         with nogil:
             status = engine.finish()
@@ -378,7 +402,7 @@ cdef class AllReduceCallback:
         # above, so that the ranks' MPI calls stay matched.
         try:
             all_reduce_list(self.group, [self.data[i]
-                                         for i in bw.engine.unreached],
+                                         for i in bw.plan.unreached],
                             self.ctx, self.cuda, self.division, self.scale,
                             True)
         finally:

@@ -30,7 +30,7 @@ cdef class Communicator:
     cdef bint _cuda  # _ctx computes on CUDA
     cdef bint _initialized
     cdef dict _groups
-    cdef dict _callback_states
+    cdef dict _callback_states  # group name -> its _CallbackStates
     cdef list _ctx_params
     cdef tuple _workers
     cdef bint _finalized
@@ -797,11 +797,15 @@ cdef class Communicator:
         hook_solvers()
         wire = _wire_code(self._ctx, wire_dtype)
         priorities = priorities_of(priority, len(grads))
-        key = (group, size, keep_dtype, wire, priorities, tuple(grads))
-        cdef _CallbackState state = self._callback_states.get(key)
+        # Kept per group: every rank of a group makes the same callbacks,
+        # so each drops the same engines (ranks of other groups make others).
+        states = self._callback_states.setdefault(group, {})
+        key = (size, keep_dtype, wire, priorities, tuple(grads))
+        cdef _CallbackState state = states.get(key)
         if state is None:
             state = _CallbackState(g)
-            remember(self._callback_states, key, state, _MAX_STATES)
+            remember(states, key, state, _STATES_BYTES,
+                     operator.attrgetter("bytes"))
         cdef AllReduceCallback cb = AllReduceCallback.__new__(AllReduceCallback)
         cb.group = g
         cb.state = state

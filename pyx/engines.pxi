@@ -1,9 +1,16 @@
-# The engine (src/core/engine.cpp) as Python sees it: made once per bucket plan
-# for all_reduce_callback (callback.pxi), and driven by hand through
-# GradientReducer by code that knows itself when each gradient is final
-# (a CuPy or custom training loop). The group makes the engine where the
-# gradients lie (Group::create_engine): on MPI in host memory, through the
-# CUDA packer on its device path.
+# The engine (src/core/engine.cpp) as Python sees it: one engine thread per
+# set of gradients, made at its first plan, serving every later plan of
+# them (all_reduce_callback's, callback.pxi, one per graph and dtypes), and
+# driven by hand through GradientReducer by code that knows itself when
+# each gradient is final (a CuPy or custom training loop). The group makes
+# the engine where the gradients lie (Group::create_engine): on MPI in host
+# memory, through the CUDA packer on its device path.
+
+# What the caches of engines and plans are bounded by: memory. An engine
+# is charged its thread (the 8 MiB of stack a thread reserves) and
+# communicators as _ENGINE_BYTES, plus its staging buffer; a plan, its
+# tables.
+cdef size_t _ENGINE_BYTES = 8 << 20
 
 cdef dict _WIRE_DTYPES = {
     "float": np.dtype(np.float32),
@@ -22,11 +29,25 @@ cdef object wire_dtype_of(ctx):
     return _WIRE_DTYPES.get(backend.partition(":")[2], _DEFAULT_DTYPE)
 
 
-cdef class _Engine:
-    """An engine thread with its fixed bucket plan, the gradients the plan
-    leaves for the end (those the graph does not reach), and the sizes and
-    dtypes it was planned for."""
+cdef class _EngineThread:
+    """An engine thread over a set of gradients, with its transport (and,
+    on a device, its CUDA runner), made once; its plans are _Plans."""
     cdef unique_ptr[Engine] engine
+    cdef size_t staging  # bytes of the largest bucket of its plans
+
+    @property
+    def bytes(self):
+        """What the engine holds, as the caches count it."""
+        return _ENGINE_BYTES + self.staging
+
+
+cdef class _Plan:
+    """A bucket plan on an engine thread: its id there, the gradients the
+    plan leaves for the end (those the graph does not reach), and the sizes
+    and dtypes it was planned for. Dropped from the engine with it."""
+    cdef _EngineThread thread
+    cdef size_t id
+    cdef readonly size_t bytes  # its tables, as the caches count them
     cdef list unreached
     cdef list buckets  # per bucket of the plan: its gradients
     cdef tuple sizes
@@ -49,13 +70,24 @@ cdef class _Engine:
                     f"{planned}")
         self.converted = self.converted or code != self.codes[i]
         cdef void* ptr = <void*><uintptr_t>x.data_ptr(dt, ctx)
-        self.engine.get().mark_ready(i, ptr, <DType><int>code)
+        self.core().mark_ready(i, ptr, <DType><int>code)
         return None
+
+    cdef Engine* core(self):
+        return self.thread.engine.get()
+
+    cdef int begin(self, float scale, int divisor) except -1:
+        """Starts an iteration of this plan."""
+        return CHKSTATUS(self.core().begin(self.id, scale, divisor))
 
     cdef list launch_order(self):
         """The gradients of each bucket of the latest iteration, in the
         order the buckets went out."""
-        return [self.buckets[b] for b in self.engine.get().launched()]
+        return [self.buckets[b] for b in self.core().launched()]
+
+    def __dealloc__(self):
+        if self.thread is not None:
+            self.core().drop_plan(self.id)
 
 
 cdef object priorities_of(priority, Py_ssize_t n):
@@ -96,15 +128,16 @@ cdef int check_device_conversions(tuple codes, int wire) except -1:
     return 0
 
 
-cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
-                         tuple codes, size_t pack_size, bint keep_dtype,
-                         int wire, GpuArrays device, tuple priorities):
-    """An engine over `data` (whose `sizes` and dtype `codes` it is planned
+cdef _Plan make_plan(_Group group, list data, list order, tuple sizes,
+                     tuple codes, size_t pack_size, bint keep_dtype,
+                     int wire, GpuArrays device, tuple priorities,
+                     _EngineThread thread):
+    """A plan over `data` (whose `sizes` and dtype `codes` it is planned
     for) launching buckets in `order` (indices into `data`; the others are
     left out of the plan, in `unreached`), sorted by `priorities` (one per
-    gradient), highest first, where given. Host memory with
-    `device` None; otherwise the memory of `device`'s arrays, computed on
-    its stream.
+    gradient), highest first, where given, on `thread` (None: a new engine
+    thread). Host memory with `device` None; otherwise the memory of
+    `device`'s arrays, computed on its stream.
 
     Collective over the group: every rank must plan the same buckets, and
     have its buffers, or this raises on every rank.
@@ -143,16 +176,44 @@ cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
             "backward reaches), or a rank's are on another GPU than its "
             "group's")
     CHKSTATUS(placed)
-    cdef _Engine engine = _Engine.__new__(_Engine)
+    if thread is None:
+        thread = _new_thread(group, len(data), device)
+    cdef _Plan made = _Plan.__new__(_Plan)
     planned = set(order)
-    engine.unreached = [i for i in range(len(data)) if i not in planned]
-    engine.buckets = [tuple(plan[b].tensors) for b in range(plan.size())]
-    engine.sizes = sizes
-    engine.codes = codes
-    # The engine communicates on a transport of its own: two engines on one
-    # group (say, callbacks chained for two halves of the model) must not
-    # interleave their collectives on a shared one.
-    cdef size_t count = len(data)
+    made.unreached = [i for i in range(len(data)) if i not in planned]
+    made.buckets = [tuple(plan[b].tensors) for b in range(plan.size())]
+    made.sizes = sizes
+    made.codes = codes
+    made.bytes = sum(_BUCKET_BYTES + 3 * 8 * plan[b].segments.size()
+                     + 8 * plan[b].tensors.size()
+                     for b in range(plan.size()))
+    # Every rank must know whether every rank has its buffer, or one
+    # that failed alone would leave the others waiting for its buckets.
+    cdef Status prepared = thread.engine.get().add_plan(plan, &made.id)
+    all_prepared = group.same_everywhere(prepared.ok())
+    CHKSTATUS(prepared)
+    if not (all_prepared and prepared.ok()):
+        raise MemoryError("another rank of the group could not allocate "
+                          "the engine's staging buffer")
+    made.thread = thread
+    thread.staging = max([thread.staging] + [
+        plan[b].count * dtype_size(plan[b].dtype)
+        for b in range(plan.size())])
+    return made
+
+
+# A Bucket's own bytes, its vectors' storage aside.
+cdef size_t _BUCKET_BYTES = sizeof(Bucket)
+
+
+cdef _EngineThread _new_thread(_Group group, size_t count, GpuArrays device):
+    """An engine thread over `count` gradients of `group`, in `device`'s
+    memory (None: host memory). Collective over the group.
+
+    The engine communicates on a transport of its own: two engines on one
+    group (say, callbacks chained for two halves of the model) must not
+    interleave their collectives on a shared one."""
+    cdef _EngineThread thread = _EngineThread.__new__(_EngineThread)
     cdef int poll_us = engine_poll_us()
     cdef Placement where
     cdef vector[ArrayRef] gradients
@@ -162,17 +223,9 @@ cdef _Engine make_engine(_Group group, list data, list order, tuple sizes,
     cdef Status status
     with nogil:
         status = deref(group.core).create_engine(where, gradients, count,
-                                                 plan, poll_us, &engine.engine)
+                                                 poll_us, &thread.engine)
     group.check(status)
-    # Every rank must know whether every rank has its buffer, or one
-    # that failed alone would leave the others waiting for its buckets.
-    cdef Status prepared = engine.engine.get().prepare()
-    all_prepared = group.same_everywhere(prepared.ok())
-    CHKSTATUS(prepared)
-    if not (all_prepared and prepared.ok()):
-        raise MemoryError("another rank of the group could not allocate "
-                          "the engine's staging buffer")
-    return engine
+    return thread
 
 
 cdef class GradientReducer:
@@ -204,7 +257,7 @@ cdef class GradientReducer:
             reducer.finish()              # grads hold the mean over ranks
     """
     cdef _Group group
-    cdef _Engine _engine
+    cdef _Plan _plan
     cdef list data
     cdef object ctx
     cdef GpuArrays gpu  # the gradients' device memory; None on the host
@@ -220,7 +273,7 @@ cdef class GradientReducer:
         """list of tuple of int: the gradients of each bucket of the latest
         iteration, in the order the buckets went out (the plan's: with a
         `priority`, highest first)."""
-        return self._engine.launch_order()
+        return self._plan.launch_order()
 
     def begin(self):
         """Starts an iteration: every gradient is pending again.
@@ -231,7 +284,7 @@ cdef class GradientReducer:
         if self.active:
             raise RuntimeError("this reducer's iteration is still under "
                                "way; finish() it before beginning another")
-        CHKSTATUS(self._engine.engine.get().begin(self.scale, self.divisor))
+        self._plan.begin(self.scale, self.divisor)
         self.marked = bytearray(len(self.data))
         self.active = True
 
@@ -258,10 +311,10 @@ cdef class GradientReducer:
                        f"iteration")
         self.marked[index] = 1
         if self.fixed:
-            self._engine.engine.get().mark_ready(
+            self._plan.core().mark_ready(
                 index, self.gpu.refs[index].ptr, self.gpu.refs[index].dtype)
             return
-        error = self._engine.mark_ndarray(
+        error = self._plan.mark_ndarray(
             index, self.data[index], self.ctx, "since the reducer was made",
             "when the reducer was made")
         if error is not None:
@@ -276,7 +329,7 @@ cdef class GradientReducer:
             message (str): Why.
         """
         if self.active:
-            self._engine.engine.get().fail(str(message).encode())
+            self._plan.core().fail(str(message).encode())
 
     def finish(self):
         """Waits until every bucket is reduced and written back; gradients
@@ -296,7 +349,7 @@ cdef class GradientReducer:
         except RuntimeError:
             pass  # the iteration failed here, which finish() reports
         self.active = False
-        cdef Engine* engine = self._engine.engine.get()
+        cdef Engine* engine = self._plan.core()
         cdef Status status
         with nogil:
             status = engine.finish()
@@ -321,7 +374,7 @@ cdef class GradientReducer:
         return False
 
     cdef int _fail(self, str message) except -1:
-        self._engine.engine.get().fail(message.encode())
+        self._plan.core().fail(message.encode())
         raise RuntimeError(message)
 
 
@@ -355,8 +408,8 @@ cdef GradientReducer make_reducer(_Group group, list grads, ctx, bint cuda,
         # The gradients final last, which the next forward uses first.
         position = {i: k for k, i in enumerate(order)}
         priorities = tuple(float(position[i]) for i in range(n))
-    self._engine = make_engine(group, grads, order, sizes, codes, pack_size,
-                               keep_dtype, wire, self.gpu, priorities)
+    self._plan = make_plan(group, grads, order, sizes, codes, pack_size,
+                           keep_dtype, wire, self.gpu, priorities, None)
     self.scale = scale
     self.divisor = len(group.ranks) if division else 1
     self.active = False

@@ -31,3 +31,4 @@ cdef extern from "nncomm/core/dtype.hpp" namespace "nncomm" nogil:
         kInt32
         kInt64
         kBFloat16
+    size_t dtype_size(DType dt)

@@ -58,12 +58,13 @@ cdef extern from "nncomm/core/launch_tuner.hpp" namespace "nncomm" nogil:
 
 cdef extern from "nncomm/core/engine.hpp" namespace "nncomm" nogil:
     cdef cppclass Engine:
-        Status prepare()
-        Status begin(float scale, int divisor)
+        Status add_plan(vector[Bucket] plan, size_t* id)
+        void drop_plan(size_t id)
+        Status begin(size_t plan, float scale, int divisor)
         void mark_ready(size_t tensor, void* ptr, DType dtype)
         void fail(const string& message)
         Status finish()
-        Launch launch(bool* decided)
+        Launch launch(size_t plan, bool* decided)
         vector[size_t] launched()
 
 
@@ -80,8 +81,8 @@ cdef extern from "nncomm/collectives/group.hpp" namespace "nncomm" nogil:
                                unique_ptr[Group]* out)
         Status create_engine(const Placement& where,
                              const vector[ArrayRef]& gradients,
-                             size_t num_tensors, vector[Bucket] plan,
-                             int poll_us, unique_ptr[Engine]* out)
+                             size_t num_tensors, int poll_us,
+                             unique_ptr[Engine]* out)
         Status check_placed(const vector[ArrayRef]& arrays)
         const char* device_transport()
         string take_advice()

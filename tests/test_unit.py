@@ -34,6 +34,7 @@ LAUNCHES = [{"NNCOMM_LAUNCH": launch}
 # Tests run once under each of these settings; the others under BASE only.
 SETTINGS = {
     "engine_reduces_random_plans_in_plan_order": LAUNCHES,
+    "engine_serves_every_plan_of_its_gradients": LAUNCHES,
     "engine_launches_as_the_schedule_says": LAUNCHES,
     "engine_tuner_decides_alike_on_every_rank": LAUNCHES,
     "engine_priority_reduces_random_plans_in_priority_order": LAUNCHES,

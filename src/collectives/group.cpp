@@ -81,8 +81,8 @@ Status Group::duplicate_transport(std::unique_ptr<MpiTransport> *out) {
 
 Status Group::create_engine(const Placement &where,
                             const std::vector<ArrayRef> &gradients,
-                            size_t num_tensors, std::vector<Bucket> plan,
-                            int poll_us, std::unique_ptr<Engine> *out) {
+                            size_t num_tensors, int poll_us,
+                            std::unique_ptr<Engine> *out) {
   DevicePath *path = nullptr;
   if (where.on_device)
     NNCOMM_RETURN_IF_ERROR(device_path(gradients, &path));
@@ -90,12 +90,12 @@ Status Group::create_engine(const Placement &where,
   NNCOMM_RETURN_IF_ERROR(duplicate_transport(&own));
   if (path != nullptr) {
     return path->create_engine(std::move(own), where.stream, num_tensors,
-                               std::move(plan), poll_us, out);
+                               poll_us, out);
   }
   std::unique_ptr<BucketRunner> runner(
       new BucketRunner(*own, std::unique_ptr<ArrayMemory>(new HostArrays)));
-  out->reset(new Engine(std::move(own), std::move(runner), num_tensors,
-                        std::move(plan), poll_us));
+  out->reset(
+      new Engine(std::move(own), std::move(runner), num_tensors, poll_us));
   return Status::Ok();
 }
 

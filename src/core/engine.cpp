@@ -17,16 +17,10 @@ std::atomic<int64_t> next_iteration{0};
 
 Engine::Engine(std::unique_ptr<Transport> transport,
                std::unique_ptr<BucketRunner> runner, size_t num_tensors,
-               std::vector<Bucket> plan, int poll_us)
+               int poll_us)
     : transport_(std::move(transport)), runner_(std::move(runner)),
-      plan_(std::move(plan)), polling_{poll_us, &hurry_, &cancel_},
-      buckets_of_(num_tensors), pending_(plan_.size()),
-      ptrs_(num_tensors, nullptr), dtypes_(num_tensors, DType::kFloat32),
-      tuner_(config::engine_launch()) {
-  for (size_t b = 0; b < plan_.size(); ++b) {
-    for (size_t t : plan_[b].tensors)
-      buckets_of_[t].push_back(b);
-  }
+      polling_{poll_us, &hurry_, &cancel_}, ptrs_(num_tensors, nullptr),
+      dtypes_(num_tensors, DType::kFloat32) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -42,12 +36,40 @@ Engine::~Engine() {
   thread_.join();
 }
 
-Status Engine::prepare() {
+Status Engine::add_plan(std::vector<Bucket> plan, size_t *id) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return runner_->prepare(plan_);
+  if (active_) {
+    // The thread reads the runner's buffers while it reduces.
+    return Status::RuntimeError(
+        "nncomm's engine is in an iteration; a plan is added between them");
+  }
+  std::unique_ptr<Plan> added(
+      new Plan{std::move(plan), std::vector<std::vector<size_t>>(ptrs_.size()),
+               LaunchTuner(config::engine_launch())});
+  for (size_t b = 0; b < added->buckets.size(); ++b) {
+    for (size_t t : added->buckets[b].tensors)
+      added->buckets_of[t].push_back(b);
+  }
+  NNCOMM_RETURN_IF_ERROR(runner_->prepare(added->buckets));
+  const auto free_slot = std::find(plans_.begin(), plans_.end(), nullptr);
+  *id = static_cast<size_t>(free_slot - plans_.begin());
+  if (free_slot == plans_.end())
+    plans_.push_back(std::move(added));
+  else
+    *free_slot = std::move(added);
+  return Status::Ok();
 }
 
-Status Engine::begin(float scale, int divisor) {
+void Engine::drop_plan(size_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (id >= plans_.size() || (active_ && plans_[id].get() == plan_))
+    return;
+  if (plans_[id].get() == plan_)
+    plan_ = nullptr;
+  plans_[id].reset();
+}
+
+Status Engine::begin(size_t plan, float scale, int divisor) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (active_) {
     // Its thread may be reducing a bucket of that iteration right now.
@@ -55,8 +77,12 @@ Status Engine::begin(float scale, int divisor) {
         "nncomm's engine is still in an iteration; close it (finish()) "
         "before beginning another");
   }
-  for (size_t b = 0; b < plan_.size(); ++b) {
-    pending_[b] = plan_[b].tensors.size();
+  if (plan >= plans_.size() || !plans_[plan])
+    return Status::InvalidArgument("no such plan in nncomm's engine");
+  plan_ = plans_[plan].get();
+  pending_.resize(plan_->buckets.size());
+  for (size_t b = 0; b < pending_.size(); ++b) {
+    pending_[b] = plan_->buckets[b].tensors.size();
   }
   std::fill(ptrs_.begin(), ptrs_.end(), nullptr);
   next_ = 0;
@@ -91,7 +117,7 @@ void Engine::mark_ready(size_t tensor, void *ptr, DType dtype) {
     ptrs_[tensor] = ptr;
     dtypes_[tensor] = dtype;
     const size_t was_ready = ready_;
-    for (size_t b : buckets_of_[tensor]) {
+    for (size_t b : plan_->buckets_of[tensor]) {
       const bool last = --pending_[b] == 0;
       if (last) {
         const Status status = runner_->ready(b);
@@ -178,10 +204,10 @@ Engine::Step Engine::next_step() const {
     return Step::kWait;
   // The closing round waits for finish(), so that a failure of this rank
   // up to then reaches the others.
-  if (next_ == plan_.size())
+  if (next_ == plan_->buckets.size())
     return closing_ || failed_here_ ? Step::kClose : Step::kWait;
-  const bool eager = tuner_.next() == Launch::kEager;
-  const bool complete = ready_ == plan_.size();
+  const bool eager = plan_->tuner.next() == Launch::kEager;
+  const bool complete = ready_ == plan_->buckets.size();
   return pending_[next_] == 0 && (eager || complete) ? Step::kBucket
                                                       : Step::kWait;
 }
@@ -213,7 +239,7 @@ void Engine::run() {
       Status status = close_iteration(failed, &any_failed, &seconds);
       lock.lock();
       if (status.ok() && !any_failed)
-        tuner_.record(seconds);
+        plan_->tuner.record(seconds);
       failed_elsewhere_ = any_failed;
       end_iteration(status);
       continue;
@@ -224,7 +250,7 @@ void Engine::run() {
     Phase reached;
     {
       OperationLabel label("all_reduce_callback: gradient bucket %zu of %zu",
-                           b + 1, plan_.size());
+                           b + 1, plan_->buckets.size());
       status = reduce_bucket(b, failed, &reached);
     }
     lock.lock();
@@ -262,9 +288,9 @@ void Engine::trace_bucket(TimelineSpan &span, size_t b) const {
   TimelineArgs &args = span.args();
   args.iteration = iteration_;
   args.bucket = static_cast<int64_t>(b);
-  args.bytes = static_cast<int64_t>(plan_[b].count *
-                                    dtype_size(plan_[b].dtype));
-  args.dtype = dtype_name(plan_[b].dtype);
+  const Bucket &bucket = plan_->buckets[b];
+  args.bytes = static_cast<int64_t>(bucket.count * dtype_size(bucket.dtype));
+  args.dtype = dtype_name(bucket.dtype);
 }
 
 void Engine::end_iteration(const Status &status) {
@@ -278,7 +304,7 @@ void Engine::fail_here(const std::string &message) {
   failed_here_ = true;
   failure_ = message;
   std::fill(pending_.begin(), pending_.end(), 0);
-  ready_ = plan_.size();
+  ready_ = plan_->buckets.size();
 }
 
 Status Engine::close_iteration(bool failed, bool *any_failed, double *seconds) {
@@ -297,10 +323,14 @@ Status Engine::close_iteration(bool failed, bool *any_failed, double *seconds) {
   return Status::Ok();
 }
 
-Launch Engine::launch(bool *decided) {
+Launch Engine::launch(size_t plan, bool *decided) {
   std::lock_guard<std::mutex> lock(mutex_);
-  *decided = tuner_.decided();
-  return tuner_.next();
+  if (plan >= plans_.size() || !plans_[plan]) {
+    *decided = false;
+    return Launch::kEager;
+  }
+  *decided = plans_[plan]->tuner.decided();
+  return plans_[plan]->tuner.next();
 }
 
 std::vector<size_t> Engine::launched() {
@@ -316,7 +346,7 @@ Status Engine::reduce_bucket(size_t b, bool failed, Phase *reached) {
   {
     TimelineSpan span(Track::kEngine, "pack");
     trace_bucket(span, b);
-    NNCOMM_RETURN_IF_ERROR(runner_->start(b, plan_[b],
+    NNCOMM_RETURN_IF_ERROR(runner_->start(b, plan_->buckets[b],
                                           TensorTable{ptrs_, dtypes_}, scale_,
                                           divisor_, failed, &work));
   }

@@ -112,8 +112,8 @@ public:
   }
 
   Status create_engine(std::unique_ptr<MpiTransport> host, CudaStream compute,
-                       size_t num_tensors, std::vector<Bucket> plan,
-                       int poll_us, std::unique_ptr<Engine> *out) override {
+                       size_t num_tensors, int poll_us,
+                       std::unique_ptr<Engine> *out) override {
     std::unique_ptr<DeviceTransport> own;
     NNCOMM_RETURN_IF_ERROR(transport_over(std::move(host), &own));
     std::unique_ptr<CudaRunner> runner;
@@ -123,8 +123,8 @@ public:
     NNCOMM_RETURN_IF_ERROR(fail_together(
         *own, CudaRunner::Create(*own, compute, &runner),
         "setting up the engine's GPU packer"));
-    out->reset(new Engine(std::move(own), std::move(runner), num_tensors,
-                          std::move(plan), poll_us));
+    out->reset(
+        new Engine(std::move(own), std::move(runner), num_tensors, poll_us));
     return Status::Ok();
   }
 

@@ -1,5 +1,7 @@
 #include "nncomm/cuda/cuda_runner.hpp"
 
+#include <algorithm>
+
 #include "cuda/cuda_calls.hpp"
 #include "nncomm/cuda/device_arrays.hpp"
 
@@ -26,11 +28,15 @@ Status CudaRunner::prepare(const std::vector<Bucket> &plan) {
   NNCOMM_RETURN_IF_ERROR(BucketRunner::prepare(plan));
   DeviceScope scope;
   NNCOMM_RETURN_IF_ERROR(scope.enter(transport_.device()));
-  ready_.resize(plan.size(), nullptr);
+  // One event per bucket index, for every plan of the engine: made for the
+  // indices no earlier plan had.
+  ready_.resize(std::max(ready_.size(), plan.size()), nullptr);
   for (CudaEvent &e : ready_) {
-    NNCOMM_CUDA_CALL(cudaEventCreateWithFlags,
-                     reinterpret_cast<cudaEvent_t *>(&e),
-                     cudaEventDisableTiming);
+    if (e == nullptr) {
+      NNCOMM_CUDA_CALL(cudaEventCreateWithFlags,
+                       reinterpret_cast<cudaEvent_t *>(&e),
+                       cudaEventDisableTiming);
+    }
   }
   return Status::Ok();
 }

@@ -89,13 +89,14 @@ void run(uint64_t seed) {
   ok(StagedTransport::Create(std::move(mpi), &staged), "StagedTransport");
   std::unique_ptr<CudaRunner> runner;
   ok(CudaRunner::Create(*staged, nullptr, &runner), "CudaRunner::Create");
-  Engine engine(std::move(staged), std::move(runner), n, plan, 20);
-  ok(engine.prepare(), "prepare");
+  Engine engine(std::move(staged), std::move(runner), n, 20);
+  size_t planned = 0;
+  ok(engine.add_plan(plan, &planned), "add_plan");
 
   std::mt19937_64 mine(seed * 977 + rank); // each rank's own order
   const float scale = 0.5f;
   for (int k = 0; k < 4; ++k) {
-    ok(engine.begin(scale, ranks), "begin");
+    ok(engine.begin(0, scale, ranks), "begin");
     std::vector<size_t> finished(n);
     for (size_t t = 0; t < n; ++t)
       finished[t] = t;

@@ -472,16 +472,18 @@ void check_lists(DeviceTransport &t, ArrayMemory &memory) {
     expect(parts[r]->read(), head(r), "all_gatherv block " + std::to_string(r));
 }
 
-// The group's engine over `tensors` gradients planned as `plan`, computed
-// on the legacy default stream (as nnabla-ext-cuda does), its buffer
-// prepared.
+// The group's engine over `tensors` gradients planned as `plan` (its plan
+// 0), computed on the legacy default stream (as nnabla-ext-cuda does), its
+// buffer prepared.
 std::unique_ptr<Engine> engine_of(Group &group, size_t tensors,
                                   std::vector<Bucket> plan) {
   std::unique_ptr<Engine> engine;
-  ok(group.create_engine(on(cudaStreamLegacy), {}, tensors, std::move(plan),
-                         20, &engine),
+  ok(group.create_engine(on(cudaStreamLegacy), {}, tensors, 20, &engine),
      "Group::create_engine");
-  ok(engine->prepare(), "Engine::prepare");
+  size_t planned = 1;
+  ok(engine->add_plan(std::move(plan), &planned), "Engine::add_plan");
+  if (planned != 0)
+    fail("the engine's first plan is plan 0");
   return engine;
 }
 
@@ -506,7 +508,7 @@ void check_engine(Group &group, DeviceArray &a, DeviceArray &b) {
       for (int r = 0; r < ranks; ++r)
         sb[i] += input(r, 7 * i + k);
     }
-    ok(engine->begin(1.0f, ranks), "Engine::begin");
+    ok(engine->begin(0, 1.0f, ranks), "Engine::begin");
     b.write(vb);
     engine->mark_ready(1, b.device, b.dt);
     a.write(va);
@@ -545,7 +547,7 @@ void check_engine_scaled_half(Group &group) {
                    ranks);
     want[i] = load(half, DType::kFloat16, 1)[0];
   }
-  ok(engine->begin(scale, ranks), "Engine::begin");
+  ok(engine->begin(0, scale, ranks), "Engine::begin");
   g.write(mine);
   engine->mark_ready(0, g.device, g.dt);
   ok(engine->finish(), "Engine::finish");
@@ -614,7 +616,7 @@ void check_float64(Group &group) {
       group, 2,
       plan_buckets(specs, {1, 0}, 700, true, DType::kFloat32, 4 * 2000));
   for (int k = 0; k < 2; ++k) {
-    ok(engine->begin(0.5f, ranks), "Engine::begin");
+    ok(engine->begin(0, 0.5f, ranks), "Engine::begin");
     y.write(vy);
     engine->mark_ready(1, y.device, y.dt);
     x.write(vx);
@@ -770,12 +772,8 @@ void check_setup_failure(const std::string &what, const std::string &call,
     status = group->all_reduce(on(nullptr), refs, false, 1.0f, true,
                                Materializer{});
   } else {
-    std::vector<TensorSpec> specs = {{a.n, a.dt}};
     std::unique_ptr<Engine> engine;
-    status = group->create_engine(
-        on(cudaStreamLegacy), refs, 1,
-        plan_buckets(specs, {0}, 700, false, DType::kFloat32, 4 * 2000), 20,
-        &engine);
+    status = group->create_engine(on(cudaStreamLegacy), refs, 1, 20, &engine);
   }
   const double seconds = std::chrono::duration<double>(
                              std::chrono::steady_clock::now() - began)

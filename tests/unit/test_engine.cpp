@@ -3,7 +3,8 @@
 // schedule NNCOMM_LAUNCH sets for the process (tests/test_unit.py runs
 // these under each); the tuner deciding alike on every rank; the failures:
 // a rank that fails, a local error, a transport error, a begin() too
-// early; and priority order: the plan sorted highest priority first (ties
+// early; one engine serving several plans of its tensors; and priority
+// order: the plan sorted highest priority first (ties
 // in plan order) and launched in that order on every rank, whatever order
 // each rank's gradients come in, with a failed rank and under either
 // schedule.
@@ -82,16 +83,17 @@ Model random_model(std::mt19937_64 &rng, size_t max_buckets) {
   }
 }
 
-// Rank `rank`'s engine over `model`, prepared.
+// Rank `rank`'s engine over `model`, its plan added as plan 0.
 std::unique_ptr<Engine> engine_on(FakeWorld &world, int rank,
                                   const Model &model) {
   std::unique_ptr<FakeTransport> transport = world.transport(rank);
   auto runner = std::make_unique<BucketRunner>(
       *transport, std::make_unique<HostArrays>());
-  auto engine =
-      std::make_unique<Engine>(std::move(transport), std::move(runner),
-                               model.specs.size(), model.plan, kPollUs);
-  CHECK_OK(engine->prepare());
+  auto engine = std::make_unique<Engine>(
+      std::move(transport), std::move(runner), model.specs.size(), kPollUs);
+  size_t planned = 1;
+  CHECK_OK(engine->add_plan(model.plan, &planned));
+  CHECK_EQ(planned, size_t(0));
   return engine;
 }
 
@@ -159,15 +161,17 @@ void mark_all(Engine &engine, const Model &model, Gradients &g,
   }
 }
 
-// One iteration on every rank, each marking from its own thread (as
-// backward's hook does); returns each rank's finish().
+// One iteration of plan `plan` (`model`'s) on every rank, each marking
+// from its own thread (as backward's hook does); returns each rank's
+// finish().
 std::vector<Status> iterate(std::vector<std::unique_ptr<Engine>> &engines,
                             const Model &model, std::vector<Gradients> &g,
-                            float scale, int divisor, uint64_t seed) {
+                            float scale, int divisor, uint64_t seed,
+                            size_t plan = 0) {
   std::vector<Status> finished(engines.size());
   run_ranks(static_cast<int>(engines.size()), [&](int rank) {
     std::mt19937_64 rng(seed + rank);
-    CHECK_OK(engines[rank]->begin(scale, divisor));
+    CHECK_OK(engines[rank]->begin(plan, scale, divisor));
     mark_all(*engines[rank], model, g[rank], rng);
     finished[rank] = engines[rank]->finish();
   });
@@ -243,6 +247,80 @@ TEST(engine_reduces_random_plans_in_plan_order) {
   CHECK(direct > 0 && half > 0);
 }
 
+TEST(engine_serves_every_plan_of_its_gradients) {
+  // One engine per rank, its thread and transport made once, reduces
+  // iterations of two plans of the same tensors (other orders, bucket
+  // sizes, dtype policies) in any sequence, each as its own plan says; a
+  // plan dropped frees its id for the next.
+  std::mt19937_64 rng(23);
+  for (int c = 0; c < 6; ++c) {
+    const int size = 2 + c % 3;
+    std::vector<Model> models = {random_model(rng, 40)};
+    for (;;) {
+      Model other{models[0].specs, {}};
+      std::vector<size_t> order(other.specs.size());
+      std::iota(order.begin(), order.end(), size_t(0));
+      std::shuffle(order.begin(), order.end(), rng);
+      other.plan = plan(other.specs, order, 3 + rng() % 500, rng() % 2 == 0,
+                        rng() % 2 == 0 ? 400 : size_t(1) << 40);
+      if (!other.plan.empty()) {
+        models.push_back(other);
+        break;
+      }
+    }
+    FakeWorld world(size);
+    auto engines = engines_on(world, models[0]);
+    for (auto &engine : engines) {
+      size_t id = 0;
+      CHECK_OK(engine->add_plan(models[1].plan, &id));
+      CHECK_EQ(id, size_t(1));
+    }
+    std::vector<Call> expected;
+    for (size_t which : {1, 0, 0, 1, 0}) {
+      const Model &model = models[which];
+      std::vector<Gradients> before;
+      for (int r = 0; r < size; ++r)
+        before.push_back(planned_gradients(model, rng));
+      std::vector<Gradients> after = before;
+      for (const Status &s : iterate(engines, model, after, 0.5f, size,
+                                     rng(), which))
+        CHECK_OK(s);
+      check_reduced(model, before, after, 0.5f, size);
+      const std::vector<Call> calls = iteration_calls(model.plan);
+      expected.insert(expected.end(), calls.begin(), calls.end());
+    }
+    for (int r = 0; r < size; ++r)
+      CHECK_EQ(world.calls(r), expected);
+    Engine &engine = *engines[0];
+    engine.drop_plan(0);
+    const Status dropped = engine.begin(0, 1.0f, 1);
+    CHECK_EQ(dropped.code(), StatusCode::kInvalidArgument);
+    size_t id = 9;
+    CHECK_OK(engine.add_plan(models[1].plan, &id));
+    CHECK_EQ(id, size_t(0));
+  }
+}
+
+TEST(engine_adds_no_plan_during_an_iteration) {
+  const Model model = simple_model({8, 8}, 8);
+  FakeWorld world(1);
+  std::unique_ptr<Engine> engine = engine_on(world, 0, model);
+  std::mt19937_64 rng(3);
+  Gradients g = planned_gradients(model, rng);
+  CHECK_OK(engine->begin(0, 1.0f, 1));
+  size_t id = 0;
+  const Status refused = engine->add_plan(model.plan, &id);
+  CHECK_EQ(refused.code(), StatusCode::kRuntimeError);
+  CHECK_CONTAINS(refused.message(), "a plan is added between them");
+  // Nor is the plan of the iteration under way dropped.
+  engine->drop_plan(0);
+  mark_all(*engine, model, g, rng);
+  CHECK_OK(engine->finish());
+  CHECK_OK(engine->begin(0, 1.0f, 1));
+  mark_all(*engine, model, g, rng);
+  CHECK_OK(engine->finish());
+}
+
 TEST(engine_launches_as_the_schedule_says) {
   const Model model = simple_model({10, 10, 10, 10}, 10);
   for (int size : {2, 3, 4}) {
@@ -256,8 +334,8 @@ TEST(engine_launches_as_the_schedule_says) {
     run_ranks(size, [&](int rank) {
       Engine &engine = *engines[rank];
       bool decided = false;
-      CHECK_EQ(engine.launch(&decided), first_launch());
-      CHECK_OK(engine.begin(1.0f, 1));
+      CHECK_EQ(engine.launch(0, &decided), first_launch());
+      CHECK_OK(engine.begin(0, 1.0f, 1));
       engine.mark_ready(0, after[rank][0]->data(), DType::kFloat32);
       if (first_launch() == Launch::kEager) {
         // The first bucket goes out alone.
@@ -300,7 +378,7 @@ TEST(engine_tuner_decides_alike_on_every_rank) {
     std::mt19937_64 rng(rank);
     for (int i = 0; i <= 8; ++i) {
       bool decided = false;
-      const Launch next = engines[rank]->launch(&decided);
+      const Launch next = engines[rank]->launch(0, &decided);
       if (config::engine_launch()) {
         CHECK(decided);
         CHECK_EQ(next, *config::engine_launch());
@@ -311,7 +389,7 @@ TEST(engine_tuner_decides_alike_on_every_rank) {
       }
       chosen[rank] = next;
       Gradients g = planned_gradients(model, rng);
-      CHECK_OK(engines[rank]->begin(1.0f, 1));
+      CHECK_OK(engines[rank]->begin(0, 1.0f, 1));
       mark_all(*engines[rank], model, g, rng);
       CHECK_OK(engines[rank]->finish());
     }
@@ -359,7 +437,7 @@ TEST(engine_failed_rank_fails_every_rank_and_writes_nothing) {
     std::vector<Status> finished(size);
     run_ranks(size, [&](int rank) {
       std::mt19937_64 marking(rank);
-      CHECK_OK(engines[rank]->begin(1.0f, size));
+      CHECK_OK(engines[rank]->begin(0, 1.0f, size));
       if (rank == failing)
         engines[rank]->fail("backward failed here");
       // Ignored on the failed rank: its gradients stay as they are.
@@ -400,7 +478,7 @@ TEST(engine_local_error_fails_every_rank) {
   Array unaligned(DType::kFloat32, 5);
   std::vector<Status> finished(size);
   run_ranks(size, [&](int rank) {
-    CHECK_OK(engines[rank]->begin(1.0f, 1));
+    CHECK_OK(engines[rank]->begin(0, 1.0f, 1));
     for (size_t t = 0; t < model.specs.size(); ++t) {
       void *ptr = g[rank][t]->data();
       if (rank == 0 && t == 1)
@@ -447,9 +525,9 @@ TEST(engine_failed_write_back_is_not_sent_again) {
     std::unique_ptr<FakeTransport> t = world.transport(r);
     auto runner = std::make_unique<FailingWriteBack>(*t, r == 0);
     engines.push_back(std::make_unique<Engine>(
-        std::move(t), std::move(runner), model.specs.size(), model.plan,
-        kPollUs));
-    CHECK_OK(engines.back()->prepare());
+        std::move(t), std::move(runner), model.specs.size(), kPollUs));
+    size_t planned = 0;
+    CHECK_OK(engines.back()->add_plan(model.plan, &planned));
   }
   std::mt19937_64 rng(5);
   std::vector<Gradients> g;
@@ -474,7 +552,7 @@ TEST(engine_without_buckets_still_tells_a_failure) {
   auto engines = engines_on(world, model);
   std::vector<Status> finished(size);
   run_ranks(size, [&](int rank) {
-    CHECK_OK(engines[rank]->begin(1.0f, 1));
+    CHECK_OK(engines[rank]->begin(0, 1.0f, 1));
     if (rank == 1)
       engines[rank]->fail("this rank failed");
     finished[rank] = engines[rank]->finish();
@@ -501,7 +579,7 @@ TEST(engine_ranks_with_different_plans_fail_as_such) {
   std::vector<float> g(16, 1.0f);
   std::vector<std::vector<float>> grads(size, g);
   run_ranks(size, [&](int rank) {
-    CHECK_OK(engines[rank]->begin(1.0f, 1));
+    CHECK_OK(engines[rank]->begin(0, 1.0f, 1));
     engines[rank]->mark_ready(0, grads[rank].data(), DType::kFloat32);
     engines[rank]->mark_ready(1, grads[rank].data() + 8, DType::kFloat32);
     finished[rank] = engines[rank]->finish();
@@ -564,14 +642,14 @@ TEST(engine_refuses_begin_during_an_iteration) {
     std::mt19937_64 rng(rank);
     Engine &engine = *engines[rank];
     Gradients g = planned_gradients(model, rng);
-    CHECK_OK(engine.begin(1.0f, 1));
-    const Status again = engine.begin(1.0f, 1);
+    CHECK_OK(engine.begin(0, 1.0f, 1));
+    const Status again = engine.begin(0, 1.0f, 1);
     CHECK_EQ(again.code(), StatusCode::kRuntimeError);
     CHECK_CONTAINS(again.message(), "still in an iteration");
     mark_all(engine, model, g, rng);
     CHECK_OK(engine.finish());
     // Once finished, the next one begins.
-    CHECK_OK(engine.begin(1.0f, 1));
+    CHECK_OK(engine.begin(0, 1.0f, 1));
     mark_all(engine, model, g, rng);
     CHECK_OK(engine.finish());
   });
@@ -584,7 +662,7 @@ TEST(engine_destroyed_while_waiting_gives_up) {
   std::unique_ptr<Engine> engine = engine_on(world, 0, model);
   std::mt19937_64 rng(1);
   Gradients g = planned_gradients(model, rng);
-  CHECK_OK(engine->begin(1.0f, 1));
+  CHECK_OK(engine->begin(0, 1.0f, 1));
   mark_all(*engine, model, g, rng);
   while (world.log(0).empty())
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -606,7 +684,7 @@ TEST(engine_finish_lets_an_interrupt_through) {
   std::unique_ptr<Engine> engine = engine_on(world, 0, model);
   std::mt19937_64 rng(1);
   Gradients g = planned_gradients(model, rng);
-  CHECK_OK(engine->begin(1.0f, 1));
+  CHECK_OK(engine->begin(0, 1.0f, 1));
   mark_all(*engine, model, g, rng);
   const auto start = std::chrono::steady_clock::now();
   CHECK_EQ(engine->finish().code(), StatusCode::kInterrupted);
@@ -692,7 +770,7 @@ iterate_with(std::vector<std::unique_ptr<Engine>> &engines,
   std::vector<Status> finished(engines.size());
   launched->assign(engines.size(), {});
   run_ranks(static_cast<int>(engines.size()), [&](int rank) {
-    CHECK_OK(engines[rank]->begin(1.0f, 1));
+    CHECK_OK(engines[rank]->begin(0, 1.0f, 1));
     body(rank, *engines[rank]);
     finished[rank] = engines[rank]->finish();
     (*launched)[rank] = engines[rank]->launched();

@@ -107,16 +107,16 @@ TEST(timeline_records_engine_iterations_in_order) {
   std::unique_ptr<FakeTransport> transport = world.transport(0);
   auto runner = std::make_unique<BucketRunner>(
       *transport, std::make_unique<HostArrays>());
-  Engine engine(std::move(transport), std::move(runner), specs.size(), plan,
-                50);
-  CHECK_OK(engine.prepare());
+  Engine engine(std::move(transport), std::move(runner), specs.size(), 50);
+  size_t planned = 0;
+  CHECK_OK(engine.add_plan(plan, &planned));
   std::mt19937_64 rng(5);
   const int iterations = 2;
   for (int i = 0; i < iterations; ++i) {
     std::vector<Array> grads;
     for (const TensorSpec &s : specs)
       grads.push_back(random_array(s.dtype, s.count, rng));
-    CHECK_OK(engine.begin(1.0f, 1));
+    CHECK_OK(engine.begin(0, 1.0f, 1));
     for (size_t t : {2, 1, 0})
       engine.mark_ready(t, grads[t].data(), grads[t].dtype());
     CHECK_OK(engine.finish());

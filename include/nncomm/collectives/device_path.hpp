@@ -57,14 +57,13 @@ public:
   virtual Status run(CudaStream compute, const std::vector<ArrayRef> &arrays,
                      const Collective &collective) = 0;
 
-  // An engine thread (engine.hpp) reducing `plan`'s buckets of
-  // `num_tensors` gradients in device memory, which the framework computes
-  // on `compute`, over a device transport of its own of the path's kind
-  // over `host` (cuda_runner.hpp). Collective.
+  // An engine thread (engine.hpp) reducing buckets of `num_tensors`
+  // gradients in device memory, which the framework computes on
+  // `compute`, over a device transport of its own of the path's kind over
+  // `host` (cuda_runner.hpp). Collective.
   virtual Status create_engine(std::unique_ptr<MpiTransport> host,
                                CudaStream compute, size_t num_tensors,
-                               std::vector<Bucket> plan, int poll_us,
-                               std::unique_ptr<Engine> *out) = 0;
+                               int poll_us, std::unique_ptr<Engine> *out) = 0;
 };
 
 } // namespace nncomm

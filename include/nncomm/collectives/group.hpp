@@ -49,15 +49,15 @@ public:
   // A transport of its own over this group's ranks, for an engine thread
   // whose collectives must not interleave with the group's. Collective.
   Status duplicate_transport(std::unique_ptr<MpiTransport> *out);
-  // An engine thread (engine.hpp) reducing `plan`'s buckets of
-  // `num_tensors` tensors placed `where` (on a device: computed on its
-  // stream; `gradients`, the tensors as they are now, are where the
-  // group's device path opens, if it has none yet), on a transport of its
-  // own. Collective.
+  // An engine thread (engine.hpp) reducing buckets of `num_tensors`
+  // tensors placed `where` (on a device: computed on its stream;
+  // `gradients`, the tensors as they are now, are where the group's device
+  // path opens, if it has none yet), on a transport of its own, by the
+  // plans added to it. Collective.
   Status create_engine(const Placement &where,
                        const std::vector<ArrayRef> &gradients,
-                       size_t num_tensors, std::vector<Bucket> plan,
-                       int poll_us, std::unique_ptr<Engine> *out);
+                       size_t num_tensors, int poll_us,
+                       std::unique_ptr<Engine> *out);
 
   // Whether `arrays` are on the device the group communicates device
   // memory on (before its first device collective: on one device), asked

@@ -56,22 +56,28 @@ class Engine {
 public:
   // Starts the thread, which communicates on `transport` alone (give each
   // engine its own communicator: two engines on one would interleave their
-  // collectives differently on different ranks), reducing buckets with
-  // `runner` (which works on `transport`). `plan` covers `num_tensors`
-  // tensors by index; its buckets are launched in its order.
+  // collectives differently on different ranks), reducing buckets of
+  // `num_tensors` tensors with `runner` (which works on `transport`), by
+  // the plans added to it: one engine serves every plan of a set of
+  // gradients (a graph that reaches other parameters, a parameter
+  // reshaped), its thread and communicators made once.
   Engine(std::unique_ptr<Transport> transport,
          std::unique_ptr<BucketRunner> runner, size_t num_tensors,
-         std::vector<Bucket> plan, int poll_us);
+         int poll_us);
   ~Engine();
   Engine(const Engine &) = delete;
   Engine &operator=(const Engine &) = delete;
 
-  // Has the runner allocate for the largest bucket (BucketRunner::prepare).
-  // Call before the first begin().
-  Status prepare();
-  // Starts an iteration: every tensor of the plan is pending again. Fails
-  // while the previous iteration is under way (finish() ends it).
-  Status begin(float scale, int divisor);
+  // Adds `plan`, which covers the engine's tensors by index (its buckets
+  // launched in its order), and has the runner allocate for its largest
+  // bucket (BucketRunner::prepare), so that no iteration allocates.
+  // `*id` names it for begin(). Fails during an iteration.
+  Status add_plan(std::vector<Bucket> plan, size_t *id);
+  // Forgets plan `id` (never the one of an iteration under way).
+  void drop_plan(size_t id);
+  // Starts an iteration of plan `plan`: every tensor is pending again.
+  // Fails while the previous iteration is under way (finish() ends it).
+  Status begin(size_t plan, float scale, int divisor);
   // Tensor `tensor` is final, at `ptr`, holding `dtype`. A dtype other
   // than the one planned is converted to and from the bucket's dtype.
   void mark_ready(size_t tensor, void *ptr, DType dtype);
@@ -83,13 +89,22 @@ public:
   // failed, or Interrupted when Ctrl-C stopped the wait (the engine then
   // gives up its reductions: nothing can be sent any more).
   Status finish();
-  // The schedule of the next iteration; `*decided`: whether the tuner has
-  // settled on it (launch_tuner.hpp).
-  Launch launch(bool *decided);
+  // The schedule of plan `plan`'s next iteration; `*decided`: whether its
+  // tuner has settled on it (launch_tuner.hpp).
+  Launch launch(size_t plan, bool *decided);
   // The buckets of the latest iteration that went out, in that order.
   std::vector<size_t> launched();
 
 private:
+  // A plan added, with what the engine keeps of it.
+  struct Plan {
+    std::vector<Bucket> buckets;
+    std::vector<std::vector<size_t>> buckets_of; // tensor -> its buckets
+    // Its next() is the plan's schedule: it changes only when an
+    // iteration's closing round is recorded.
+    LaunchTuner tuner;
+  };
+
   // What the thread does next.
   enum class Step { kWait, kBucket, kClose, kStop };
   // Called holding mutex_.
@@ -123,13 +138,13 @@ private:
 
   const std::unique_ptr<Transport> transport_;
   const std::unique_ptr<BucketRunner> runner_; // uses transport_
-  const std::vector<Bucket> plan_;
   std::atomic<bool> hurry_{false}; // finish() is waiting: poll without pause
   std::atomic<bool> cancel_{false}; // stop waiting on MPI: being destroyed
   const Polling polling_;
-  std::vector<std::vector<size_t>> buckets_of_; // tensor -> its buckets
 
   std::mutex mutex_;
+  std::vector<std::unique_ptr<Plan>> plans_; // by id; null: dropped
+  Plan *plan_ = nullptr;                     // the latest iteration's
   std::condition_variable changed_;
   std::vector<size_t> pending_; // bucket -> tensors not ready yet
   std::vector<void *> ptrs_;    // tensor -> its memory this iteration
@@ -138,9 +153,6 @@ private:
   // next.
   size_t next_ = 0;
   size_t ready_ = 0; // buckets whose tensors are all ready (or failed)
-  // Its next() is this iteration's schedule: it changes only when the
-  // iteration's closing round is recorded.
-  LaunchTuner tuner_;
   std::chrono::steady_clock::time_point started_;
   int64_t iteration_ = -1; // the process-wide number of the latest begin()
   bool active_ = false;  // an iteration is under way
