@@ -2,6 +2,9 @@
 # nnabla's backward goes on. The hook here is the framework adapter: it
 # counts, per gradient, the functions still to write it (graph.py), and hands
 # each gradient to the engine (src/core/engine.cpp) once the last one has.
+# A backward ends (engine finish, unreached gradients reduced) at the last
+# function the analysis expects, or, for a callback whose caller owns the
+# loop (DistributedSolver), when that caller says backward returned.
 #
 # What a backward in flight needs lives in the state shared by every
 # callback over the same gradients (_CallbackState.backward), not in a
@@ -100,15 +103,17 @@ def _before_solver():
 
 
 cdef int flush_stopped(_Backward bw, str when) except -1:
-    """Reduces, `when`, what is left of `bw` where it is a backward of this
-    thread that returned before functions the graph analysis expected,
-    with a RuntimeWarning."""
+    """Ends, `when`, `bw` where it is a backward of this thread that
+    returned: one that returned before functions the graph analysis
+    expected has what is left reduced, with a RuntimeWarning; one whose
+    caller ends it (DistributedSolver's) may have run them all."""
     if bw is None or bw.thread != threading.get_ident():
         return 0
-    warnings.warn(
-        f"backward returned before {bw.describe_missing()} ran, which "
-        f"nncomm's graph analysis expected; the remaining gradients were "
-        f"all-reduced {when}", RuntimeWarning)
+    if bw.calls_left:
+        warnings.warn(
+            f"backward returned before {bw.describe_missing()} ran, which "
+            f"nncomm's graph analysis expected; the remaining gradients "
+            f"were all-reduced {when}", RuntimeWarning)
     return (<AllReduceCallback>bw.owner)._flush(bw)
 
 
@@ -216,6 +221,9 @@ cdef class AllReduceCallback:
     cdef size_t pack_size
     cdef int wire
     cdef object priority  # None, "forward" or a number per gradient
+    # Its caller ends each backward when backward returned
+    # (_backward_returned), not the last function the analysis expects.
+    cdef bint caller_ends
 
     @property
     def launch_order(self):
@@ -255,6 +263,23 @@ cdef class AllReduceCallback:
                 self.state.backward.thread == threading.get_ident():
             self.state.close("backward raised on this rank", False)
 
+    def _end_when_backward_returns(self):
+        """Makes the caller end each backward of this callback: not at the
+        last function the graph analysis expects, but when the caller calls
+        :meth:`_backward_returned` (or :meth:`backward_raised`). For
+        DistributedSolver, which runs the backward."""
+        self.caller_ends = True
+
+    def _backward_returned(self):
+        """nnabla's backward returned: ends the backward of these gradients
+        still open on this thread (engine finish; the unreached gradients,
+        and any still waiting for functions the graph analysis expected
+        that did not run, reduced with their values, the latter with a
+        RuntimeWarning). nnabla's end of backward calls it
+        (communicator_callbacks=), and DistributedSolver after
+        ``loss.backward``."""
+        flush_stopped(self.state.backward, "when backward returned")
+
     def __call__(self, f):
         cdef _Backward bw = self.state.backward
         if bw is not None:
@@ -264,6 +289,10 @@ cdef class AllReduceCallback:
                            "chained twice); give each backward one callback "
                            "per set of gradients")
             entry = bw.graph.consumers.get(f)
+            if entry is None and self.caller_ends:
+                # Until its caller ends it, every call is this backward's.
+                self._unexpected(bw, f)
+                return
             if entry is None and bw.graph.feeds_a_called_function(f):
                 self._fail(bw, f"backward called {f.name}, which the graph "
                            f"analysis did not expect (was the graph changed "
@@ -287,8 +316,24 @@ cdef class AllReduceCallback:
             if bw.pending[i] == 0:
                 self._ready(bw, i)
         bw.calls_left -= 1
-        if bw.calls_left == 0:
+        if bw.calls_left == 0 and not self.caller_ends:
             self._finish(bw)
+
+    cdef int _unexpected(self, _Backward bw, f) except -1:
+        """`f`, which the graph analysis did not expect, ran in a backward
+        whose caller ends it: its writes are in the gradients' reductions
+        (a gradient the analysis did not reach is reduced at the end, one
+        still pending when its last expected writer has run), unless a
+        gradient it writes was already handed to the engine: that raises."""
+        for i in gradients_written(f.inputs, self.positions):
+            if bw.graph.counts[i] and bw.pending[i] == 0:
+                self._fail(bw, f"backward called {f.name}, which the graph "
+                           f"analysis did not expect, after a gradient it "
+                           f"writes was all-reduced (was the graph changed "
+                           f"during backward?); gradients were not "
+                           f"all-reduced")
+        bw.last = f
+        return 0
 
     cdef int _refuse_overlap(self, f) except -1:
         """Refuses a second callback in this backward (chained with this
@@ -365,18 +410,12 @@ cdef class AllReduceCallback:
         self.state.replan = self.state.replan or bw.plan.converted
         return 0
 
-    cdef int backward_done(self) except -1:
-        """nnabla's backward returned (a callback of communicator_callbacks=
-        learns it): a backward of these gradients still open on this thread
-        stopped before functions the graph analysis expected, so its
-        remaining gradients are reduced now, as they are, which the
-        function_post_hook= route does when a solver starts."""
-        return flush_stopped(self.state.backward, "when backward returned")
-
     cdef int _flush(self, _Backward bw) except -1:
-        """Ends a backward whose remaining functions will not run: every
-        gradient still pending is reduced with what it holds."""
-        self.state.analyses.clear()
+        """Ends a backward that returned: every gradient still pending (its
+        remaining functions will not run) is reduced with what it holds, and
+        an analysis that expected them is not used again."""
+        if bw.calls_left:
+            self.state.analyses.clear()
         for i in range(bw.pending.size()):
             if bw.pending[i] > 0:
                 bw.pending[i] = 0

@@ -110,7 +110,7 @@ cdef int _function_done(PyObject *owner, PyObject *function) except -1:
 
 
 cdef int _backward_done(PyObject *owner) except -1:
-    (<AllReduceCallback>owner).backward_done()
+    (<AllReduceCallback>owner)._backward_returned()
     return 0
 
 

@@ -19,8 +19,9 @@ class DistributedSolver(SolverWrapper):
 
     :meth:`backward` runs ``loss.backward`` with the gradients all-reduced
     while it goes on (:meth:`Communicator.all_reduce_callback`, the user's
-    own ``function_post_hook`` chained before it), or, with quantized
-    compression, after it (:class:`nncomm.quantized.QuantizedReducer`);
+    own ``function_post_hook`` chained before it; the reduction ends when
+    ``loss.backward`` returns), or, with quantized compression, after it
+    (:class:`nncomm.quantized.QuantizedReducer`);
     :meth:`update` steps the wrapped solver, and refuses to when the
     gradients were not all reduced. Every other solver method
     (``weight_decay``, ``clip_grad_by_norm``, ``set_learning_rate``,
@@ -168,7 +169,10 @@ class DistributedSolver(SolverWrapper):
     def backward(self, loss, clear_buffer=False, function_post_hook=None,
                  num_samples=None, **kwargs):
         """``loss.backward(...)`` with the gradients all-reduced on the
-        last pass of a step (during the warm start, without them).
+        last pass of a step (during the warm start, without them): each
+        goes out once the last function that writes it has run, and the
+        reduction ends when ``loss.backward`` returns (the gradients
+        backward did not reach are reduced then, with their values).
 
         Args:
             loss (:obj:`nnabla.Variable`): The loss, after its forward.
@@ -210,15 +214,13 @@ class DistributedSolver(SolverWrapper):
                   if name not in self._dense}
         dense = self._dense_reductions(frozenset(tables))
         division = self._op == "average"
-        hook = chain_hooks(function_post_hook, *[
-            self._comm.all_reduce_callback(
-                grads, pack_size, division=division, group=self._group,
-                scale_grad=1 / self._predivide,
-                wire_dtype=self._compression.wire_dtype,
-                priority=self._priority)
-            for grads, pack_size in dense])
-        loss.backward(clear_buffer=clear_buffer, function_post_hook=hook,
-                      **kwargs)
+        callbacks = [self._comm.all_reduce_callback(
+            grads, pack_size, division=division, group=self._group,
+            scale_grad=1 / self._predivide,
+            wire_dtype=self._compression.wire_dtype, priority=self._priority)
+            for grads, pack_size in dense]
+        self._reduced_backward(loss, clear_buffer, function_post_hook,
+                               callbacks, kwargs)
         if self._predivide != 1:
             for grads, _ in dense:
                 for g in grads:
@@ -227,6 +229,30 @@ class DistributedSolver(SolverWrapper):
             sparse_all_reduce(self._comm, self._params[name].grad, rows,
                               division, self._group)
         self._reduced = True
+
+    @staticmethod
+    def _reduced_backward(loss, clear_buffer, hook, callbacks, kwargs):
+        """nnabla's backward with `callbacks` chained after the user's
+        `hook`. Each gradient goes out when its last writer has run; the
+        reduction ends (engine finish, the gradients backward did not reach
+        reduced with their values) when ``loss.backward`` returns, not at
+        the last function the graph analysis expects, so functions run
+        after it, or expected ones that never ran, leave no gradient
+        unreduced. A backward that raises is closed at once on this rank,
+        as chain_hooks does when a hook raises, so that the other ranks
+        raise instead of waiting for it."""
+        for cb in callbacks:
+            cb._end_when_backward_returns()
+        try:
+            loss.backward(clear_buffer=clear_buffer,
+                          function_post_hook=chain_hooks(hook, *callbacks),
+                          **kwargs)
+            for cb in callbacks:
+                cb._backward_returned()
+        except BaseException:
+            for cb in callbacks:
+                cb.backward_raised()
+            raise
 
     def _quantized_backward(self, loss, clear_buffer, hook, kwargs):
         """nnabla's backward, then the quantized reduction; a backward that

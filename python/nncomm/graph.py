@@ -109,16 +109,12 @@ def analyze(root, positions):
                             or positions.get(v.grad) is not None]))
         if not f.need_grad:
             continue
-        written = []
+        written = gradients_written(inputs, positions)
         for v in inputs:
             if not v.need_grad:
                 continue  # no gradient written, nothing opened behind it
             parent = v.parent
-            if parent is None:
-                i = positions.get(v.grad)
-                if i is not None and i not in written:
-                    written.append(i)
-            elif parent not in opened:
+            if parent is not None and parent not in opened:
                 opened.add(parent)
                 stack.append(parent)
         for i in written:
@@ -129,6 +125,27 @@ def analyze(root, positions):
         functions.append(f)
     return BackwardGraph(consumers, counts, functions, watched,
                          tuple(forward))
+
+
+def gradients_written(inputs, positions):
+    """The positions, in the gradient list, of the gradients a called
+    function with `inputs` writes: those of its leaf inputs whose
+    ``need_grad`` is set, once each.
+
+    Args:
+        inputs (list of nnabla.Variable): The function's inputs.
+        positions (dict): gradient ``NdArray`` to its position.
+
+    Returns:
+        list of int
+    """
+    written = []
+    for v in inputs:
+        if v.need_grad and v.parent is None:
+            i = positions.get(v.grad)
+            if i is not None and i not in written:
+                written.append(i)
+    return written
 
 
 def functions_behind(loss):

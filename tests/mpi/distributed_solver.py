@@ -18,15 +18,31 @@ start (distributed_after: the reference trains each rank's model alone
 in-process first, then averages parameters and solver states);
 misuse raising before any communication: update() without the reducing
 backward, too many passes, a bad op, backward before set_parameters.
+
+Graphs on which the graph analysis mispredicts the end of backward (the
+user's hook turns an intermediate's need_grad on or off once the analysis
+is made): the solver ends the backward when it returns, so every gradient
+is, bit for bit, comm.all_reduce of a plain backward's, whether functions
+ran after the one the analysis expected last or the expected ones never
+ran; a function it did not expect that writes a gradient already reduced
+raises on every rank instead. A function that raises in backward on one
+rank (no hook sees it) makes every rank's backward raise, and the next
+step is correct.
 """
+import warnings
+
 import numpy as np
 
 import nnabla as nn
+import nnabla.functions as F
+import nnabla.parametric_functions as PF
 import nnabla.solvers as S
+from nnabla.ext_utils import get_extension_context
 
 import nncomm
 
-from _harness import Checker, make_comm, mlp, placed
+from _harness import (Checker, GradientWriter, contribution, exception_chain,
+                      make_comm, mlp, nd, placed)
 
 BATCH = 24
 STEPS = 5
@@ -180,6 +196,155 @@ def misuse(ck, comm):
     ck.equal(solver.learning_rate(), 0.5, "methods pass through")
 
 
+def turning(variable, after, value):
+    """The user's hook: sets `variable.need_grad` to `value` once backward
+    has called the function `after` (after the graph analysis, which the
+    callback makes at backward's first function)."""
+    def hook(f):
+        if f == after:
+            variable.need_grad = value
+    return hook
+
+
+def mispredicted_step(ck, comm, what, solver, x, t, loss, params, hook,
+                      flag, op):
+    """One step on rank-dependent data with `flag()` set before each
+    backward: a plain backward, then the solver's; its gradients must be
+    comm.all_reduce of the plain one's, bit for bit (that all_reduce is
+    also an nncomm call between the solver's backward and its update).
+    Returns the warnings of the solver's backward, or None if it raised."""
+    x.d = contribution(what + "/x", comm.rank, x.shape, np.float32, "rand")
+    t.d = contribution(what + "/t", comm.rank, t.shape, np.float32, "rand")
+    loss.forward()
+    flag()
+    solver.zero_grad()
+    loss.backward(function_post_hook=hook)
+    reference = [nd(v.g) for v in params.values()]
+    flag()
+    solver.zero_grad()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            solver.backward(loss, function_post_hook=hook)
+        except Exception as e:
+            ck.fail(what, f"backward raised {exception_chain(e)}")
+            return None
+    comm.all_reduce(reference, division=op == "average")
+    for (name, v), ref in zip(params.items(), reference):
+        ck.array(v.grad, ref.data, f"{what}: {name}", np.float32)
+    solver.update()
+    return [str(w.message) for w in caught]
+
+
+def backward_raises(ck, what, solver, loss, expected, hook=None):
+    """The solver's backward raises with `expected` in its exception chain
+    (nnabla wraps what a hook or function raised); then update refuses."""
+    ck.count += 1
+    try:
+        solver.backward(loss, function_post_hook=hook)
+        ck.fail(what, "backward did not raise")
+    except Exception as e:
+        if expected not in exception_chain(e):
+            ck.fail(what, f"raised {exception_chain(e)}, not {expected}")
+    ck.raises(RuntimeError, "not all-reduced", what + ": no update",
+              solver.update)
+
+
+def mispredicted(ck, comm):
+    """need_grad of the last hidden layer's output turned on during
+    backward (the analysis expects the output layer's Affine last; four
+    functions run after it, writing gradients it did not reach) or off (the
+    analysis expects four functions that never run); with op average, in
+    two groups (two callbacks)."""
+    for op, groups in (("sum", None), ("average", 2)):
+        for on in (True, False):
+            nn.clear_parameters()
+            x, t, loss, params = mlp("mispredicted", 4, comm.rank,
+                                     op == "sum")
+            err = loss.parent.inputs[0]
+            hidden = err.parent.inputs[0].parent.inputs[0]
+            hook = turning(hidden, err.parent, on)
+            solver = nncomm.DistributedSolver(S.Sgd(0.1), comm, op=op,
+                                              groups=groups)
+            solver.set_parameters(params)
+            for step in range(3):
+                what = (f"need_grad turned {'on' if on else 'off'} during "
+                        f"backward, op {op}, step {step}")
+
+                def flag():
+                    hidden.need_grad = not on
+                caught = mispredicted_step(ck, comm, what, solver, x, t,
+                                           loss, params, hook, flag, op)
+                if caught is None:
+                    continue
+                # As nnabla's own end of backward tells it: expected
+                # functions that never ran are said, with their gradients
+                # reduced when backward returned.
+                warned = any("backward returned before" in w and
+                             "when backward returned" in w for w in caught)
+                ck.true(warned != on, f"{what}: "
+                        f"{'no warning' if on else 'a warning'}", str(caught))
+    # Tied weights: with the hidden layer's need_grad off, the analysis
+    # counts one writer of the shared W and b, which go out after it; the
+    # first layer, run after once need_grad is turned on, writes them too.
+    nn.clear_parameters()
+    with nn.parameter_scope("tied"):
+        x, t = nn.Variable((4, 3)), nn.Variable((4, 3))
+        hidden = F.tanh(PF.affine(x, 3, name="s"))
+        err = F.squared_error(PF.affine(hidden, 3, name="s"), t)
+        loss = F.mean(err)
+        params = nn.get_parameters()
+    solver = nncomm.DistributedSolver(S.Sgd(0.1), comm, op="sum")
+    solver.set_parameters(params)
+    x.d, t.d = np.ones(x.shape), np.zeros(t.shape)
+    loss.forward()
+    hidden.need_grad = False
+    what = "a function the analysis did not expect writes a reduced gradient"
+    backward_raises(ck, what, solver, loss, "did not expect",
+                    turning(hidden, err.parent, True))
+    mispredicted_step(ck, comm, what + ": the next step", solver, x, t, loss,
+                      params, None, lambda: setattr(hidden, "need_grad",
+                                                    True), "sum")
+
+
+class Stop(Exception):
+    pass
+
+
+def raising(ck, comm):
+    """A function whose backward raises on rank 0 only, where no hook sees
+    it: the solver closes that backward at once, so every rank raises
+    instead of waiting."""
+    stop = [False]
+
+    def write(i, grad):
+        if stop[0] and comm.rank == 0:
+            raise Stop("a function's backward raised")
+        grad.data[...] = comm.rank + i + 1
+
+    nn.clear_parameters()
+    with nn.parameter_scope("raising"):
+        x, t = nn.Variable((4, 3)), nn.Variable((4, 2))
+        h = PF.affine(x, 2, name="a")
+        extra = nn.parameter.get_parameter_or_create(
+            "extra", (4, 2), np.zeros((4, 2), np.float32))
+        y = GradientWriter(get_extension_context("cpu"), write)(h, extra)
+        loss = F.mean(F.squared_error(y, t))
+        params = nn.get_parameters()
+    solver = nncomm.DistributedSolver(S.Sgd(0.1), comm, op="sum")
+    solver.set_parameters(params)
+    what = "a function raising in backward on rank 0"
+    x.d, t.d = np.ones(x.shape), np.zeros(t.shape)
+    loss.forward()
+    solver.zero_grad()
+    stop[0] = True
+    backward_raises(ck, what, solver, loss,
+                    "Stop" if comm.rank == 0 else "another rank")
+    stop[0] = False
+    mispredicted_step(ck, comm, what + ": the next step", solver, x, t, loss,
+                      params, None, lambda: None, "sum")
+
+
 def main():
     ck = Checker("distributed_solver")
     comm, _ = make_comm()
@@ -211,6 +376,8 @@ def main():
         run(ck, comm, "average Sgd on a pair", lambda: S.Sgd(0.1),
             group="pair")
     misuse(ck, comm)
+    mispredicted(ck, comm)
+    raising(ck, comm)
     ck.finish()
 
 
