@@ -17,7 +17,10 @@ iterations' buckets meet.
   backward raises.
 - An analysis that misses a function backward calls (injected): that call
   raises on every rank.
+- Engines kept within their memory bound, per group, so that no rank drops
+  an engine its group's other ranks keep.
 """
+import os
 import warnings
 
 import numpy as np
@@ -244,6 +247,27 @@ def mispredicted(s):
               lambda: comm.all_reduce_callback(s.grads, 13, division=True))
 
 
+def engines_kept(s):
+    """Engines (one thread each, per set of gradients) are kept within a
+    memory bound, per group: rank 0 alone makes 40 in a group of its own,
+    more than the bound holds, and the world callback made before them is
+    still the same engine on every rank (dropped on rank 0 only, its next
+    backward would wait for a new engine there and hang)."""
+    comm = s.comm
+    kept = comm.all_reduce_callback(s.grads, 1 << 20, division=True)
+    s.correct("the world callback", lambda: kept)
+    comm.new_group(("rank 0 alone", [0]))
+    if comm.rank == 0:
+        before = len(os.listdir("/proc/self/task"))
+        for k in range(40):
+            s.backward(comm.all_reduce_callback(s.grads, 4096 + k,
+                                                group="rank 0 alone"))
+        made = len(os.listdir("/proc/self/task")) - before
+        s.ck.true(0 < made <= 32, "engine threads kept within the bound",
+                  f"{made} threads more after 40 callbacks")
+    s.correct("the world callback after rank 0's own", lambda: kept)
+
+
 def main():
     ck = Checker("callback_lifecycle")
     comm, _ = make_comm()
@@ -255,6 +279,7 @@ def main():
         stopped_seen(s, on_ranks)
     chained_twice(s)
     mispredicted(s)
+    engines_kept(s)
     ck.finish()
 
 
