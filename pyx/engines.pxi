@@ -1,10 +1,11 @@
 # The engine (src/core/engine.cpp) as Python sees it: one engine thread per
 # set of gradients, made at its first plan, serving every later plan of
-# them (all_reduce_callback's, callback.pxi, one per graph and dtypes), and
-# driven by hand through GradientReducer by code that knows itself when
-# each gradient is final (a CuPy or custom training loop). The group makes
-# the engine where the gradients lie (Group::create_engine): on MPI in host
-# memory, through the CUDA packer on its device path.
+# them (all_reduce_callback's: nnabla_adapter/backward_hook.pxi, one per
+# graph and dtypes), and driven by hand through GradientReducer by code
+# that knows itself when each gradient is final (a CuPy or custom training
+# loop). The group makes the engine where the gradients lie
+# (Group::create_engine): on MPI in host memory, through the CUDA packer on
+# its device path.
 
 # What the caches of engines and plans are bounded by: memory. An engine
 # is charged its thread (the 8 MiB of stack a thread reserves) and

@@ -2,16 +2,6 @@
 # memory with __cuda_array_interface__ (CuPy's arrays, among others), read
 # without nnabla, with the stream their producer works on.
 
-# nnabla-ext-cuda computes on the legacy default stream: CUDA's handle 1.
-cdef uintptr_t _NNABLA_STREAM = 1
-
-
-cdef bint computes_on_cuda(ctx):
-    """Whether nnabla context `ctx` computes on a GPU."""
-    return any(not str(b).startswith("cpu")
-               for b in getattr(ctx, "backend", None) or [])
-
-
 cdef bint is_gpu_array(x):
     # NdArrays first: a failed attribute lookup costs a microsecond, which
     # every host collective would pay.
@@ -117,29 +107,3 @@ cdef int check_distinct_memory(list arrays, str what) except -1:
                 f"{what}[{min(i, j)}] and {what}[{max(i, j)}] share memory; "
                 f"a reduction takes each array once")
     return 0
-
-
-cdef GpuArrays device_arrays(list arrays, ctx, bint cuda, str what, dtype):
-    """The device memory of `arrays` (named `what` in errors): GPU arrays,
-    or NdArrays of context `ctx` where it computes on CUDA (`cuda`, its
-    computes_on_cuda(), found once: reading a context's backends costs
-    about a microsecond), whose data_ptr is on its device; None where
-    `arrays` is host memory (or empty). `dtype` as collect() and
-    collect_gpu() take it."""
-    if not arrays:
-        return None
-    if is_gpu_array(arrays[0]):
-        return collect_gpu(arrays, what, dtype)
-    if not cuda:
-        return None
-    return on_nnabla_stream(collect(arrays, ctx, what, dtype, False))
-
-
-cdef GpuArrays on_nnabla_stream(ArrayList arrays):
-    """NdArrays collected in a CUDA context (their pointers are device
-    memory) as GPU arrays of nnabla's stream."""
-    cdef GpuArrays self = GpuArrays.__new__(GpuArrays)
-    self.refs = arrays.refs
-    self.dtypes = arrays.dtypes
-    self.stream = <CudaStream>_NNABLA_STREAM
-    return self

@@ -1,5 +1,5 @@
 # Declarations of nnabla's types as nncomm relies on them
-# (pyx/nnabla_abi.hpp). Nothing but externs.
+# (pyx/nnabla_adapter/nnabla_abi.hpp). Nothing but externs.
 
 from cpython.ref cimport PyObject
 from libcpp cimport bool
@@ -7,7 +7,7 @@ from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 
-cdef extern from "nnabla_abi.hpp" namespace "nncomm::nnabla_abi":
+cdef extern from "nnabla_adapter/nnabla_abi.hpp" namespace "nncomm::nnabla_abi":
     cdef cppclass CgFunctionPtr "nncomm::nnabla_abi::CgFunctionPtr":
         pass
 

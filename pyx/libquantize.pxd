@@ -1,5 +1,5 @@
-# Declarations of quantized gradients (include/nncomm/compression/quantize.hpp).
-# Nothing but externs.
+# Declarations of quantized gradients
+# (include/nncomm/compression/quantize.hpp). Nothing but externs.
 
 from libc.stddef cimport size_t
 from libc.stdint cimport int32_t

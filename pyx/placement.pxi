@@ -3,6 +3,22 @@
 # collective branches on host and device memory.
 
 
+cdef GpuArrays device_arrays(list arrays, ctx, bint cuda, str what, dtype):
+    """The device memory of `arrays` (named `what` in errors): GPU arrays,
+    or NdArrays of context `ctx` where it computes on CUDA (`cuda`, its
+    computes_on_cuda(), found once: reading a context's backends costs
+    about a microsecond), whose data_ptr is on its device; None where
+    `arrays` is host memory (or empty). `dtype` as collect() and
+    collect_gpu() take it."""
+    if not arrays:
+        return None
+    if is_gpu_array(arrays[0]):
+        return collect_gpu(arrays, what, dtype)
+    if not cuda:
+        return None
+    return on_nnabla_stream(collect(arrays, ctx, what, dtype, False))
+
+
 cdef class Placed:
     """A call's arrays, ready for the core: their memory and dtypes, and
     where they lie (`where`: the host, or a device and the stream their

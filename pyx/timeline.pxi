@@ -1,5 +1,6 @@
-# The timeline (src/observability/timeline.cpp) as the communicator starts and stops it:
-# each rank records into a part of its own beside the file asked for, and
+# The timeline (src/observability/timeline.cpp) as the communicator starts
+# and stops it: each rank records into a part of its own beside the file
+# asked for, and
 # rank 0 merges the parts into that file (nncomm/timeline.py) when the
 # timeline stops, once every rank has closed its part, or at exit, where the
 # ranks no longer meet, after a bounded wait for the others' parts.

@@ -4,9 +4,9 @@
 // on one), MPI through pinned host memory otherwise; every rank makes the
 // same choice. A Group (group.hpp) opens its path at its first collective
 // placed on a device, and runs every later one there through run(). Its
-// state is private to the CUDA build (src/cuda/cuda_device_path.cu); a build
-// without CUDA refuses to open one (src/cuda/cuda_device_path_unavailable.cpp),
-// the one place that says so.
+// state is private to the CUDA build (src/cuda/cuda_device_path.cu); a
+// build without CUDA refuses to open one
+// (src/cuda/cuda_device_path_unavailable.cpp), the one place that says so.
 #pragma once
 
 #include <functional>

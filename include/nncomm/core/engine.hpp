@@ -1,8 +1,8 @@
 // Engine: the background thread that all-reduces gradient buckets while
 // backward goes on.
 //
-// The framework adapter (pyx/callback.pxi) calls mark_ready() as each
-// gradient becomes final. The engine's thread launches buckets strictly in
+// The framework adapter (pyx/nnabla_adapter/backward_hook.pxi) calls
+// mark_ready() as each gradient becomes final. The engine's thread launches buckets strictly in
 // plan order, so every rank issues the same calls whatever order its
 // gradients finish in: it waits until the next bucket's tensors
 // are all ready and has its BucketRunner reduce it (times `scale`, summed,

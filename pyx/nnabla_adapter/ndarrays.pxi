@@ -1,6 +1,6 @@
-# nnabla NdArrays as the C++ core sees them: host pointers, element counts
-# and dtype codes, read through NdArray.data_ptr so that collectives work on
-# nnabla's own memory.
+# nnabla NdArrays as the C++ core sees them: pointers, element counts and
+# dtype codes, read through NdArray.data_ptr so that collectives work on
+# nnabla's own memory; in a CUDA context, device memory on nnabla's stream.
 
 # nnabla's default element type: the dtype of an array never written yet.
 _DEFAULT_DTYPE = np.dtype(np.float32)
@@ -147,4 +147,24 @@ cdef ArrayList collect(list arrays, ctx, str what, dtype,
         self.refs.push_back(ref)
         if not (zeroing_as_null and x.zeroing):
             self.refs[i].ptr = self.pointer(i, dtype is not None)
+    return self
+
+
+# nnabla-ext-cuda computes on the legacy default stream: CUDA's handle 1.
+cdef uintptr_t _NNABLA_STREAM = 1
+
+
+cdef bint computes_on_cuda(ctx):
+    """Whether nnabla context `ctx` computes on a GPU."""
+    return any(not str(b).startswith("cpu")
+               for b in getattr(ctx, "backend", None) or [])
+
+
+cdef GpuArrays on_nnabla_stream(ArrayList arrays):
+    """NdArrays collected in a CUDA context (their pointers are device
+    memory) as GPU arrays of nnabla's stream."""
+    cdef GpuArrays self = GpuArrays.__new__(GpuArrays)
+    self.refs = arrays.refs
+    self.dtypes = arrays.dtypes
+    self.stream = <CudaStream>_NNABLA_STREAM
     return self

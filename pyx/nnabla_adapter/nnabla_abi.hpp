@@ -3,7 +3,7 @@
 // callback nnabla's backward calls after each function and at the end
 // (communicator_callbacks=), the C++ communicator nnabla's
 // SyncBatchNormalization calls, and the layouts of the Cython objects that
-// hold them. pyx/nnabla_types.pxi checks nnabla's version and these layouts
+// hold them. nnabla_types.pxi checks nnabla's version and these layouts
 // against the Python types before anything here is used.
 #pragma once
 
