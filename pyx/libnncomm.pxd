@@ -146,4 +146,7 @@ cdef extern from "nncomm/observability/timeline.hpp" namespace "nncomm" nogil:
 
 cdef extern from "nncomm/core/wait.hpp" namespace "nncomm" nogil:
     void set_interrupt_check(int (*check)() noexcept nogil)
+
+
+cdef extern from "nncomm/core/broken_process.hpp" namespace "nncomm" nogil:
     void abort_if_broken()

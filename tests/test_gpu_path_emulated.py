@@ -35,13 +35,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPI_PREFIX = os.path.dirname(os.path.dirname(sys.executable))
 EMULATION = "tests/cuda_emulation/"
 # What both programs link: the transports, the waits and the fake runtime.
-COMMON = [EMULATION + "fake_cudart.cpp", "src/transports/cuda_staged_transport.cu",
-          "src/transports/cuda_device_transport.cu", "src/transports/cuda_nccl_transport.cu",
-          EMULATION + "fake_nccl.cpp", "src/transports/nccl_api.cpp",
-          "src/transports/mpi_transport.cpp",
-          "src/observability/stall_inspector.cpp", "src/transports/transport.cpp", "src/core/wait.cpp",
-          "src/observability/config.cpp", "src/host/elementwise.cpp", "src/host/huge_pages.cpp",
-          "src/observability/timeline.cpp"]
+COMMON = [EMULATION + "fake_cudart.cpp", EMULATION + "fake_nccl.cpp",
+          "src/transports/cuda_staged_transport.cu",
+          "src/transports/cuda_device_transport.cu",
+          "src/transports/cuda_nccl_transport.cu",
+          "src/transports/nccl_api.cpp", "src/transports/mpi_transport.cpp",
+          "src/transports/transport.cpp",
+          "src/observability/stall_inspector.cpp",
+          "src/observability/config.cpp", "src/observability/timeline.cpp",
+          "src/core/wait.cpp", "src/core/broken_process.cpp",
+          "src/host/elementwise.cpp", "src/host/huge_pages.cpp"]
 
 
 # The list collectives' arrays of 4 KiB or more go direct, the others fused.
@@ -88,14 +91,15 @@ def fake_libnccl(tmp_path_factory):
 @pytest.fixture(scope="module")
 def transports_over_mpi(tmp_path_factory):
     return build(tmp_path_factory, "transports_over_mpi",
-                 ["src/collectives/list_collectives.cpp", "src/cuda/cuda_device_arrays.cu",
-                  "src/cuda/cuda_pack.cu", "src/core/bucket_plan.cpp", "src/core/pack.cpp",
-                  "src/core/fusion_buffer.cpp", "src/cuda/cuda_device_path.cu",
-                  "src/cuda/cuda_devices.cu",
-                  "src/collectives/group.cpp", "src/collectives/collective_queue.cpp",
-                  "src/core/array_memory.cpp", "src/cuda/cuda_runner.cu",
-                  "src/core/engine.cpp", "src/core/bucket_runner.cpp",
-                  "src/core/launch_tuner.cpp"])
+                 ["src/collectives/list_collectives.cpp",
+                  "src/collectives/group.cpp",
+                  "src/collectives/collective_queue.cpp",
+                  "src/cuda/cuda_device_arrays.cu", "src/cuda/cuda_pack.cu",
+                  "src/cuda/cuda_device_path.cu", "src/cuda/cuda_devices.cu",
+                  "src/cuda/cuda_runner.cu", "src/core/bucket_plan.cpp",
+                  "src/core/pack.cpp", "src/core/fusion_buffer.cpp",
+                  "src/core/array_memory.cpp", "src/core/engine.cpp",
+                  "src/core/bucket_runner.cpp", "src/core/launch_tuner.cpp"])
 
 
 @pytest.fixture(scope="module")

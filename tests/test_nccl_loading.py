@@ -1,7 +1,8 @@
-"""NCCL is loaded at run time (src/transports/nccl_api.cpp): a missing library, a
-missing symbol and a too old version are refused with messages that say
-what to install; a good one loads, once per process. Stand-in libraries
-(tests/nccl_loading/fake_libnccl.cpp) play NCCL; no GPU or NCCL needed."""
+"""NCCL is loaded at run time (src/transports/nccl_api.cpp): a missing
+library, a missing symbol and a too old version are refused with messages
+that say what to install; a good one loads, once per process. Stand-in
+libraries (tests/nccl_loading/fake_libnccl.cpp) play NCCL; no GPU or NCCL
+needed."""
 import ctypes.util
 import os
 import shutil
@@ -29,8 +30,9 @@ def built(tmp_path_factory):
                         str(out / f"{name}.so")], check=True, timeout=120)
     subprocess.run([cxx, "-std=c++17", "-I" + os.path.join(REPO, "include"),
                     os.path.join(HERE, "try_load.cpp"),
-                    os.path.join(REPO, "src", "transports", "nccl_api.cpp"), "-ldl", "-o",
-                    str(out / "try_load")], check=True, timeout=120)
+                    os.path.join(REPO, "src", "transports", "nccl_api.cpp"),
+                    "-ldl", "-o", str(out / "try_load")],
+                   check=True, timeout=120)
     return out
 
 

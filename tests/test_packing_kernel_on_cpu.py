@@ -22,7 +22,8 @@ def build(tmp_path_factory, name, flags, sources):
     exe = str(tmp_path_factory.mktemp("emulation") / name)
     subprocess.run(
         [nvcc, "-std=c++17", "-O2", "-Iinclude", "-Isrc"]
-        + flags + sources + ["src/core/pack.cpp", "src/host/elementwise.cpp", "-o", exe],
+        + flags + sources
+        + ["src/core/pack.cpp", "src/host/elementwise.cpp", "-o", exe],
         cwd=REPO, check=True, timeout=600)
     return exe
 

@@ -16,11 +16,14 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNIT = os.path.join(REPO, "tests", "unit")
 # The core's sources that the tested code needs, none of them MPI's.
-CORE = ["src/core/engine.cpp", "src/core/bucket_runner.cpp", "src/core/array_memory.cpp",
-        "src/transports/transport.cpp", "src/core/wait.cpp", "src/observability/config.cpp",
-        "src/core/bucket_plan.cpp", "src/core/pack.cpp", "src/host/elementwise.cpp",
-        "src/core/fusion_buffer.cpp", "src/core/launch_tuner.cpp",
-        "src/host/huge_pages.cpp", "src/collectives/list_collectives.cpp", "src/observability/timeline.cpp"]
+CORE = ["src/core/engine.cpp", "src/core/bucket_runner.cpp",
+        "src/core/array_memory.cpp", "src/core/wait.cpp",
+        "src/core/broken_process.cpp", "src/core/bucket_plan.cpp",
+        "src/core/pack.cpp", "src/core/fusion_buffer.cpp",
+        "src/core/launch_tuner.cpp", "src/transports/transport.cpp",
+        "src/collectives/list_collectives.cpp", "src/host/elementwise.cpp",
+        "src/host/huge_pages.cpp", "src/observability/config.cpp",
+        "src/observability/timeline.cpp"]
 # -march=native: the vector float16 kernels are built where the processor
 # has F16C, as setup.py builds the modules.
 FLAGS = ["-std=c++17", "-O1", "-g", "-march=native", "-Iinclude",

@@ -1,6 +1,6 @@
 // Waiting for other ranks: the one loop every wait runs (wait_for), and
-// what the waits of a process share: Python's signal handlers (Ctrl-C) and
-// the state after a wait failed.
+// what the waits of a process share: Python's signal handlers (Ctrl-C);
+// the state after a wait failed is broken_process.hpp's.
 //
 // A wait is bounded (config::timeout_seconds()), reports stalls (group
 // rank 0 prints which ranks have not arrived, config::
@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "nncomm/core/broken_process.hpp"
 #include "nncomm/core/status.hpp"
 #include "nncomm/transports/transport.hpp"
 
@@ -64,23 +65,5 @@ std::string rank_list(const std::vector<int> &ranks);
 // never does (it must not take the GIL).
 void set_interrupt_check(int (*check)());
 bool interrupted();
-
-// How the job is ended after a failed wait, `reason` being why (the
-// transport's: MPI_Abort on the world); without one, the process aborts.
-void set_job_abort(void (*abort_job)(const char *reason));
-
-// Seconds between the exception a timeout raises and the job's abort.
-constexpr double kAbortAfterTimeoutSeconds = 5;
-
-// Records why waits can no longer be trusted; with `abort_soon`, aborts the
-// job kAbortAfterTimeoutSeconds later unless the process exits first.
-void mark_broken(const std::string &reason, bool abort_soon);
-// Whether a wait failed earlier; `*reason` says why.
-bool broken(std::string *reason);
-// Fails once a wait has failed in this process: operations refuse to start.
-Status refuse_if_broken();
-// Aborts the job if a wait failed: the process cannot finalize MPI with an
-// operation pending. Called at interpreter exit.
-void abort_if_broken();
 
 } // namespace nncomm

@@ -1,7 +1,7 @@
 # What the module sets up once per process: Python's signal handlers run
 # during waits for other ranks (Ctrl-C interrupts them), and a process
 # whose wait failed aborts the job at exit instead of hanging in
-# MPI_Finalize with an operation pending (src/core/wait.cpp).
+# MPI_Finalize with an operation pending (src/core/broken_process.cpp).
 
 
 cdef extern from "Python.h":
