@@ -94,7 +94,8 @@ GOAL = 1.1
 # this, where a wrong reduction (a sum, a rank left out) is off by 0.5.
 TOLERANCE = 1e-4
 # The reducer's launch tuner times eager against deferred launches on its
-# first iterations (src/launch_tuner.hpp: 2 untimed, then 3 of each).
+# first iterations (include/nncomm/core/launch_tuner.hpp: 2 untimed, then 3
+# of each).
 TUNER_ITERATIONS = 8
 
 
