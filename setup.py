@@ -282,7 +282,7 @@ setup(
     version="0.1.0",
     description="Distributed-training communicator for nnabla over MPI",
     package_dir={"": "python"},
-    packages=["nncomm"],
+    packages=["nncomm", "nncomm.nnabla_adapter"],
     ext_modules=cythonize(extensions, include_path=["pyx"],
                           compiler_directives={"language_level": "3"}),
     cmdclass={"build_ext": BuildExt},

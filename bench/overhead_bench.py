@@ -19,7 +19,7 @@ import numpy as np
 from nnabla.ext_utils import get_extension_context
 
 import nncomm.communicators as C
-from nncomm.graph import analyze
+from nncomm.nnabla_adapter.graph import analyze
 
 N = 1000
 

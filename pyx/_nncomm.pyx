@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from nncomm import cuda_context, nccl_wheels, packing
 from nncomm import timeline as timeline_files
-from nncomm.graph import analyze, gradients_written
+from nncomm.nnabla_adapter.graph import analyze, gradients_written
 from nncomm.launched import SeveralRanks, check_joined
 
 try:

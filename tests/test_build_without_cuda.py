@@ -26,8 +26,11 @@ def package_without_cuda(tmp_path_factory):
                            timeout=1800)
     assert build.returncode == 0, build.stderr[-3000:]
     assert "nvcc" not in build.stdout
-    for module in glob.glob(os.path.join(REPO, "python", "nncomm", "*.py")):
-        os.symlink(module, lib / "nncomm" / os.path.basename(module))
+    # The Python modules and subpackages beside the modules built.
+    for entry in glob.glob(os.path.join(REPO, "python", "nncomm", "*")):
+        if entry.endswith(".py") or os.path.isfile(
+                os.path.join(entry, "__init__.py")):
+            os.symlink(entry, lib / "nncomm" / os.path.basename(entry))
     return str(lib)
 
 

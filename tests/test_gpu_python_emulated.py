@@ -37,8 +37,11 @@ def fake_cuda_package(tmp_path_factory):
                     str(out / "temp"), "-j", "2"],
                    cwd=REPO, env=env, check=True, timeout=1800,
                    stdout=subprocess.DEVNULL)
-    for module in glob.glob(os.path.join(REPO, "python", "nncomm", "*.py")):
-        os.symlink(module, lib / "nncomm" / os.path.basename(module))
+    # The Python modules and subpackages beside the modules built.
+    for entry in glob.glob(os.path.join(REPO, "python", "nncomm", "*")):
+        if entry.endswith(".py") or os.path.isfile(
+                os.path.join(entry, "__init__.py")):
+            os.symlink(entry, lib / "nncomm" / os.path.basename(entry))
     return str(lib)
 
 

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from nncomm.graph import analyze
+from nncomm.nnabla_adapter.graph import analyze
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi"))
 from graph_catalogue import (CATALOGUE, gan_need_grad_false,  # noqa: E402

@@ -2,7 +2,7 @@
 data-parallel with no edit: launched by nncomm-run, or by mpiexec with
 ``python -m nncomm``, nnabla's communicator factories and
 create_communicator() answer with nncomm's communicator
-(nncomm.nnabla_entry). A job of several ranks that cannot run
+(nncomm.nnabla_adapter.entry). A job of several ranks that cannot run
 data-parallel raises on its ranks instead of training one model per rank.
 """
 import os
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from launcher import MPIEXEC, run_command
-from nncomm import nnabla_entry
+from nncomm.nnabla_adapter import entry as nnabla_entry
 from nncomm.launched import launched_size
 
 TESTS = os.path.dirname(os.path.abspath(__file__))

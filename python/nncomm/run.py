@@ -51,7 +51,8 @@ def positive_int(text):
 
 def seconds(text):
     """A time limit as the ranks read it: seconds, 0 for none, at most
-    1e9 (src/observability/config.cpp); returned in a form C's strtod parses whole."""
+    1e9 (src/observability/config.cpp); returned in a form C's strtod
+    parses whole."""
     try:
         value = float(text)
     except ValueError:
@@ -128,8 +129,8 @@ def parse_args(argv=None):
 
 def rank_command(args):
     """What every rank runs: ``python -m nncomm``, which answers nnabla's
-    communicator factories with nncomm's (nncomm.nnabla_entry), then runs
-    the script through mpi4py's runner: a rank whose script raises then
+    communicator factories with nncomm's (nncomm.nnabla_adapter.entry),
+    then runs the script through mpi4py's runner: a rank whose script raises then
     calls MPI_Abort, and mpiexec (or srun) ends every rank; run as plain
     ``python script.py``, the other ranks would wait in their next
     collective until NNCOMM_TIMEOUT (30 minutes by default).

@@ -5,7 +5,7 @@ wrapped solver's."""
 import numbers
 
 from nncomm.broadcast import broadcast_parameters, broadcast_solver_state
-from nncomm.graph import samples_in
+from nncomm.nnabla_adapter.graph import samples_in
 from nncomm.warm_start import WarmStart
 
 
@@ -68,7 +68,7 @@ class SolverWrapper:
 
     def _samples_of(self, loss, num_samples):
         """`num_samples`, checked, or else the number of samples the graph
-        of `loss` computes on (:func:`nncomm.graph.samples_in`)."""
+        of `loss` computes on (:func:`nncomm.nnabla_adapter.graph.samples_in`)."""
         if num_samples is None:
             return samples_in(loss, self._solver.get_parameters().values())
         if isinstance(num_samples, bool) or \

@@ -7,7 +7,7 @@ import numpy as np
 import nnabla as nn
 import nnabla.functions as F
 
-from nncomm.graph import functions_behind
+from nncomm.nnabla_adapter.graph import functions_behind
 
 
 def embedding_indices(loss, params):
