@@ -13,10 +13,10 @@ cdef class _Group:
     cdef int check(self, Status status) except -1:
         """Raises `status`'s error, if any, after the advice of the group's
         device path, if it was opened by the call."""
-        advice = deref(self.core).take_advice().decode()
-        if advice:
+        if deref(self.core).has_advice():
             # Cython pushes no frame: 1 is the user's call.
-            warnings.warn(advice, RuntimeWarning, stacklevel=1)
+            warnings.warn(deref(self.core).take_advice().decode(),
+                          RuntimeWarning, stacklevel=1)
         return CHKSTATUS(status)
 
     cdef bint same_everywhere(self, uint64_t value) except -1:

@@ -86,6 +86,7 @@ cdef extern from "nncomm/collectives/group.hpp" namespace "nncomm" nogil:
         Status check_placed(const vector[ArrayRef]& arrays)
         const char* device_transport()
         string take_advice()
+        bool has_advice()
         int rank()
         int size()
         int local_rank()

@@ -47,15 +47,16 @@ cdef Placed place(list arrays, ctx, bint cuda, str what, dtype,
     `zeroing_as_null` (host memory only) as collect() takes them."""
     cdef Placed self = Placed.__new__(Placed)
     cdef GpuArrays gpu = device_arrays(arrays, ctx, cuda, what, dtype)
-    self.foreign = len(arrays) > 0 and is_gpu_array(arrays[0])
     if gpu is None:
         self.host = collect(arrays, ctx, what, dtype, zeroing_as_null)
-        self.refs = self.host.refs
+        # Taken, not copied: the materializer reads the arrays, not these.
+        self.refs.swap(self.host.refs)
         self.dtypes = self.host.dtypes
         return self
-    self.refs = gpu.refs
+    self.refs.swap(gpu.refs)
     self.dtypes = gpu.dtypes
     self.where = gpu.placement()
+    self.foreign = is_gpu_array(arrays[0])
     return self
 
 

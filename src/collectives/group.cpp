@@ -114,6 +114,7 @@ Status Group::device_path(const std::vector<ArrayRef> &arrays,
     NNCOMM_RETURN_IF_ERROR(duplicate_transport(&host));
     NNCOMM_RETURN_IF_ERROR(DevicePath::Open(std::move(host), on, &device_));
     advice_ = device_->advice();
+    has_advice_ = !advice_.empty();
   }
   *out = device_.get();
   return Status::Ok();
@@ -133,13 +134,14 @@ std::string Group::take_advice() {
   std::lock_guard<std::mutex> lock(device_mutex_);
   std::string advice;
   advice.swap(advice_);
+  has_advice_ = false;
   return advice;
 }
 
-template <typename Sent>
+template <typename Sent, typename Body>
 Status Group::run(const Placement &where, const char *op, const Sent &sent,
                   const std::vector<ArrayRef> &arrays,
-                  const Collective &collective) {
+                  const Body &collective) {
   if (!where.on_device) {
     NNCOMM_IN_TURN();
     CollectiveSpan traced(op, name_, sent);

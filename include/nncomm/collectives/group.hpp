@@ -9,6 +9,7 @@
 // (timeline.hpp), with the group's name.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -70,8 +71,10 @@ public:
   // first device collective too).
   const char *device_transport();
   // What the device path, opened since the last call, advises the user
-  // (device_path.hpp); empty otherwise.
+  // (device_path.hpp); empty otherwise. has_advice() says whether there
+  // is some, without a lock: every call of the binding asks.
   std::string take_advice();
+  bool has_advice() const { return has_advice_.load(); }
 
   const std::string &name() const { return name_; }
   int rank() const { return transport_->rank(); }
@@ -110,12 +113,11 @@ private:
   Group(std::unique_ptr<MpiTransport> transport, std::string name)
       : transport_(std::move(transport)), name_(std::move(name)) {}
 
-  // Runs `collective` (named `op` on the timeline, sending `sent`) on
-  // `arrays` where they are placed, in its turn.
-  template <typename Sent>
+  // Runs `collective` (a Collective's body: named `op` on the timeline,
+  // sending `sent`) on `arrays` where they are placed, in its turn.
+  template <typename Sent, typename Body>
   Status run(const Placement &where, const char *op, const Sent &sent,
-             const std::vector<ArrayRef> &arrays,
-             const Collective &collective);
+             const std::vector<ArrayRef> &arrays, const Body &collective);
   // The device path, opened (a collective call) on the device of the first
   // of `arrays` that has memory the first time.
   Status device_path(const std::vector<ArrayRef> &arrays, DevicePath **out);
@@ -128,6 +130,7 @@ private:
   std::mutex device_mutex_; // guards the three below
   std::unique_ptr<DevicePath> device_;
   std::string advice_; // device_'s, until taken
+  std::atomic<bool> has_advice_{false};
 };
 
 } // namespace nncomm
