@@ -191,12 +191,13 @@ cdef _Plan make_plan(_Group group, list data, list order, tuple sizes,
     # Every rank must know whether every rank has its buffer, or one
     # that failed alone would leave the others waiting for its buckets.
     cdef Status prepared = thread.engine.get().add_plan(plan, &made.id)
+    if prepared.ok():
+        made.thread = thread  # from here, the plan is dropped with `made`
     all_prepared = group.same_everywhere(prepared.ok())
     CHKSTATUS(prepared)
-    if not (all_prepared and prepared.ok()):
+    if not all_prepared:
         raise MemoryError("another rank of the group could not allocate "
                           "the engine's staging buffer")
-    made.thread = thread
     thread.staging = max([thread.staging] + [
         plan[b].count * dtype_size(plan[b].dtype)
         for b in range(plan.size())])

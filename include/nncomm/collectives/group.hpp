@@ -47,9 +47,6 @@ public:
   Status create_subgroup(const std::vector<int> &ranks,
                          const std::string &name,
                          std::unique_ptr<Group> *out);
-  // A transport of its own over this group's ranks, for an engine thread
-  // whose collectives must not interleave with the group's. Collective.
-  Status duplicate_transport(std::unique_ptr<MpiTransport> *out);
   // An engine thread (engine.hpp) reducing buckets of `num_tensors`
   // tensors placed `where` (on a device: computed on its stream;
   // `gradients`, the tensors as they are now, are where the group's device
@@ -76,7 +73,6 @@ public:
   std::string take_advice();
   bool has_advice() const { return has_advice_.load(); }
 
-  const std::string &name() const { return name_; }
   int rank() const { return transport_->rank(); }
   int size() const { return transport_->size(); }
   int local_rank() const { return transport_->local_rank(); }
@@ -87,7 +83,7 @@ public:
   // Sets `*same` to whether every rank passed the same `value`.
   Status agree(uint64_t value, bool *same);
   Status allgather(const void *send, void *recv, size_t count, DType dt);
-  // The list collectives of collectives.hpp, on this group, on arrays
+  // The list collectives of list_collectives.hpp, on this group, on arrays
   // placed `where`.
   Status all_reduce(const Placement &where, std::vector<ArrayRef> &arrays,
                     bool division, float scale, bool fuse,
@@ -113,6 +109,10 @@ private:
   Group(std::unique_ptr<MpiTransport> transport, std::string name)
       : transport_(std::move(transport)), name_(std::move(name)) {}
 
+  // A transport of its own over this group's ranks, for an engine thread
+  // or the device path, whose collectives must not interleave with the
+  // group's. Collective.
+  Status duplicate_transport(std::unique_ptr<MpiTransport> *out);
   // Runs `collective` (a Collective's body: named `op` on the timeline,
   // sending `sent`) on `arrays` where they are placed, in its turn.
   template <typename Sent, typename Body>
