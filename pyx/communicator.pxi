@@ -803,7 +803,7 @@ cdef class Communicator:
         key = (size, keep_dtype, wire, priorities, tuple(grads))
         cdef _CallbackState state = states.get(key)
         if state is None:
-            state = _CallbackState(g)
+            state = _CallbackState(g, grads, self._ctx)
             remember(states, key, state, _STATES_BYTES,
                      operator.attrgetter("bytes"))
         cdef AllReduceCallback cb = AllReduceCallback.__new__(AllReduceCallback)

@@ -51,8 +51,8 @@ cdef class _Plan:
     cdef readonly size_t bytes  # its tables, as the caches count them
     cdef list unreached
     cdef list buckets  # per bucket of the plan: its gradients
-    cdef tuple sizes
-    cdef tuple codes  # per gradient: its dtype code when planned
+    cdef vector[long] sizes
+    cdef vector[int] codes  # per gradient: its dtype code when planned
     cdef bint converted  # a gradient came in another dtype than planned
 
     cdef str mark_ndarray(self, Py_ssize_t i, x, ctx, str when,

@@ -2,9 +2,37 @@
 # (pyx/nnabla_adapter/nnabla_abi.hpp). Nothing but externs.
 
 from cpython.ref cimport PyObject
+from libc.stdint cimport uintptr_t
 from libcpp cimport bool
+from libcpp.memory cimport shared_ptr
 from libcpp.string cimport string
 from libcpp.vector cimport vector
+
+from libnncomm cimport Engine, Readiness, ReadinessTable
+
+
+cdef extern from "nnabla_adapter/nnabla_arrays.hpp" namespace "nncomm::nnabla_abi":
+    cdef cppclass Context:
+        vector[string] backend
+        string array_class
+        string device_id
+
+    cdef cppclass NdArrayCalls:
+        bool resolve(const string& library, string* error)
+        bool read(void* ndarray, const Context& ctx, long* count, int* dtype,
+                  void** ptr)
+
+
+cdef extern from "nnabla_adapter/backward_counts.hpp" namespace "nncomm::nnabla_abi":
+    cdef cppclass BackwardCounts:
+        BackwardCounts(const NdArrayCalls* calls, vector[void*] arrays,
+                       Context ctx)
+        Readiness& readiness()
+        void start(shared_ptr[ReadinessTable] table, Engine* engine,
+                   const vector[long]* counts, const vector[int]* dtypes,
+                   bool caller_ends)
+        void stop()
+        bool try_count(uintptr_t key) nogil
 
 
 cdef extern from "nnabla_adapter/nnabla_abi.hpp" namespace "nncomm::nnabla_abi":
@@ -34,8 +62,11 @@ cdef extern from "nnabla_adapter/nnabla_abi.hpp" namespace "nncomm::nnabla_abi":
                               bool inplace, const string &group) except -1
 
     void attach(PyObject *object, PyObject *owner,
+                const shared_ptr[BackwardCounts]& counts,
                 const FunctionVtable *functions, FunctionDone function_done,
                 BackwardDone backward_done) except +
+    void* ndarray_of(PyObject* ndarray)
+    uintptr_t function_key(PyObject* function)
     void attach_communicator(PyObject *object, PyObject *comm,
                              const NdArrayVtable *arrays,
                              FindGroup find_group,

@@ -3,7 +3,7 @@
 # files. Status and DType are in libcore.pxd.
 
 from libc.stddef cimport size_t
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint64_t, uintptr_t
 from libcpp cimport bool
 from libcpp.memory cimport unique_ptr
 from libcpp.string cimport string
@@ -66,6 +66,25 @@ cdef extern from "nncomm/core/engine.hpp" namespace "nncomm" nogil:
         Status finish()
         Launch launch(size_t plan, bool* decided)
         vector[size_t] launched()
+
+
+cdef extern from "nncomm/core/readiness.hpp" namespace "nncomm" nogil:
+    cdef cppclass ReadinessTable:
+        ReadinessTable(const vector[uintptr_t]& keys,
+                       vector[vector[size_t]] written,
+                       size_t num_gradients) except +
+        long find(uintptr_t key) const
+
+    cdef cppclass Readiness:
+        bool active()
+        const ReadinessTable& table()
+        bool called(size_t function)
+        int pending(size_t gradient)
+        size_t calls_left()
+        uintptr_t last()
+        void set_last(uintptr_t key)
+        void count(size_t function, uintptr_t key, vector[size_t]* ready)
+        void flush(vector[size_t]* ready)
 
 
 cdef extern from "nncomm/collectives/group.hpp" namespace "nncomm" nogil:

@@ -158,10 +158,13 @@ def test_callback_bit_for_bit_in_every_dtype_path(n):
 
 
 @pytest.mark.parametrize("n,route", [(1, "hook"), (2, "hook"), (3, "hook"),
-                                     (2, "callbacks"), (3, "callbacks")])
+                                     (2, "callbacks"), (3, "callbacks"),
+                                     (2, "python")])
 def test_callback_on_the_graphs_users_build(n, route):
     """Passed as function_post_hook, or as nnabla's scripts pass it, in
-    backward's communicator_callbacks."""
+    backward's communicator_callbacks (most calls counted in C++); or as a
+    hook with an nnabla whose types nncomm does not know (every gradient
+    read through Python)."""
     run_worker("callback_graphs", n, [route], timeout=120)
 
 

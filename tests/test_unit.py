@@ -1,6 +1,6 @@
 """The C++ unit tests (tests/unit/): the engine, the bucket runner on host memory, the
-list collectives, the launch tuner, the waits, fail_together and the
-timeline, on an in-process fake transport, without MPI. The program is
+list collectives, the launch tuner, the readiness counts, the waits,
+fail_together and the timeline, on an in-process fake transport, without MPI. The program is
 built once per session from tests/unit/ and the core's MPI-free sources;
 each C++ test runs in a process of its own, under the settings it is
 about where it has some (settings are read once per process)."""
@@ -20,7 +20,8 @@ CORE = ["src/core/engine.cpp", "src/core/bucket_runner.cpp",
         "src/core/array_memory.cpp", "src/core/wait.cpp",
         "src/core/broken_process.cpp", "src/core/bucket_plan.cpp",
         "src/core/pack.cpp", "src/core/fusion_buffer.cpp",
-        "src/core/launch_tuner.cpp", "src/transports/transport.cpp",
+        "src/core/launch_tuner.cpp", "src/core/readiness.cpp",
+        "src/transports/transport.cpp",
         "src/collectives/list_collectives.cpp", "src/host/elementwise.cpp",
         "src/host/huge_pages.cpp", "src/observability/config.cpp",
         "src/observability/timeline.cpp"]

@@ -1,7 +1,9 @@
 # all_reduce_callback: gradients all-reduced by a C++ engine thread while
 # nnabla's backward goes on. The hook here is the framework adapter: it
-# counts, per gradient, the functions still to write it (graph.py), and hands
-# each gradient to the engine (src/core/engine.cpp) once the last one has.
+# counts, per gradient, the functions still to write it (graph.py's analysis,
+# as a ReadinessTable: src/core/readiness.cpp), and hands each gradient to the
+# engine (src/core/engine.cpp) once the last one has. Most calls are counted
+# in C++ with no Python (backward_counts.hpp); this hook handles the others.
 # A backward ends (engine finish, unreached gradients reduced) at the last
 # function the analysis expects, or, for a callback whose caller owns the
 # loop (DistributedSolver), when that caller says backward returned.
@@ -79,9 +81,12 @@ cdef int close_stopped_backwards(str entry, object call=None) except -1:
     if not _in_flight or getattr(_inside, "depth", 0):
         return 0
     thread = threading.get_ident()
+    cdef uintptr_t key = 0 if call is None else key_of(call)
+    cdef _Backward bw
     for state in list(_in_flight):
         bw = (<_CallbackState>state).backward
-        if bw is not None and bw.thread == thread and bw.last is not call:
+        if bw is not None and bw.thread == thread and \
+                (key == 0 or bw.readiness().last() != key):
             (<_CallbackState>state).close(
                 f"the last backward over these gradients returned (or "
                 f"raised) before {bw.describe_missing()} ran, and {entry} "
@@ -109,7 +114,7 @@ cdef int flush_stopped(_Backward bw, str when) except -1:
     caller ends it (DistributedSolver's) may have run them all."""
     if bw is None or bw.thread != threading.get_ident():
         return 0
-    if bw.calls_left:
+    if bw.readiness().calls_left():
         warnings.warn(
             f"backward returned before {bw.describe_missing()} ran, which "
             f"nncomm's graph analysis expected; the remaining gradients "
@@ -130,22 +135,49 @@ cdef int hook_solvers() except -1:
     return 0
 
 
+cdef uintptr_t key_of(f) except? 0:
+    """The key of Function `f`'s call in a ReadinessTable: its hash, which
+    nnabla's Function makes the address of its graph node, as nnabla's C++
+    callback sees the function."""
+    cdef Py_ssize_t h = hash(f)
+    return <uintptr_t>h
+
+
+cdef class _Analysis:
+    """A graph analysis (graph.py's BackwardGraph) and its ReadinessTable."""
+    cdef object graph
+    cdef shared_ptr[ReadinessTable] table
+
+
+cdef _Analysis analysis_of(f, dict positions):
+    """The analysis of the backward that starts at Function `f`, over the
+    gradients at `positions`."""
+    cdef _Analysis self = _Analysis.__new__(_Analysis)
+    self.graph = analyze(f, positions)
+    cdef vector[uintptr_t] keys = [key_of(g) for g in self.graph.functions]
+    cdef vector[vector[size_t]] written = [
+        self.graph.consumers[g][1] for g in self.graph.functions]
+    self.table.reset(new ReadinessTable(keys, written, len(positions)))
+    return self
+
+
 cdef class _Backward:
-    """One backward in flight over a set of gradients."""
+    """One backward in flight over a set of gradients, counted by its
+    state's BackwardCounts (`counts`: the state is kept alive by
+    `owner`)."""
     cdef object owner  # the AllReduceCallback whose call began it
     cdef object graph
     cdef _Plan plan
-    cdef vector[int] pending  # per gradient: functions still to write it
-    cdef bytearray called  # per function of the graph: has it run
-    cdef Py_ssize_t calls_left
-    # The Function of the latest hook call, kept alive so that identity
-    # tells a second hook call for the same function call.
-    cdef object last
+    cdef BackwardCounts* counts
     cdef object thread
 
+    cdef Readiness* readiness(self):
+        return &self.counts.readiness()
+
     cdef str describe_missing(self):
+        cdef Readiness* counted = self.readiness()
         missing = [f.name for f, (i, _) in self.graph.consumers.items()
-                   if not self.called[i]]
+                   if not counted.called(i)]
         shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
         return f"{len(missing)} of its functions ({shown})"
 
@@ -155,7 +187,9 @@ cdef class _CallbackState:
     across callback objects: graph analyses, the engine thread and its
     plans, so that a static graph is analysed once and steady-state
     iterations allocate nothing, and the backward in flight."""
-    cdef dict analyses
+    cdef dict analyses  # first Function of a backward -> its _Analysis
+    cdef shared_ptr[BackwardCounts] counts
+    cdef list grads  # kept alive: `counts` reads their nbla::NdArrays
     cdef _EngineThread thread  # made with the first plan
     cdef dict plans
     cdef dict _positions
@@ -167,11 +201,13 @@ cdef class _CallbackState:
     cdef tuple codes
     cdef bint replan
 
-    def __cinit__(self, _Group group):
+    def __cinit__(self, _Group group, list grads, ctx):
         self.analyses = {}
         self.plans = {}
         self._positions = None
         self.group = group
+        self.grads = grads
+        self.counts = backward_counts(grads, ctx)
 
     @property
     def bytes(self):
@@ -281,68 +317,75 @@ cdef class AllReduceCallback:
         flush_stopped(self.state.backward, "when backward returned")
 
     def __call__(self, f):
+        cdef uintptr_t key = key_of(f)
+        cdef BackwardCounts* counts = self.state.counts.get()
+        if counts.try_count(key):
+            return
+        cdef Readiness* counted = &counts.readiness()
         cdef _Backward bw = self.state.backward
+        cdef long index = -1
         if bw is not None:
-            if f is bw.last:
+            if key == counted.last():
                 self._fail(bw, "two callbacks over the same gradients were "
                            "called for one function of one backward (e.g. "
                            "chained twice); give each backward one callback "
                            "per set of gradients")
-            entry = bw.graph.consumers.get(f)
-            if entry is None and self.caller_ends:
+            index = counted.table().find(key)
+            if index < 0 and self.caller_ends:
                 # Until its caller ends it, every call is this backward's.
-                self._unexpected(bw, f)
+                self._unexpected(bw, f, key)
                 return
-            if entry is None and bw.graph.feeds_a_called_function(f):
+            if index < 0 and bw.graph.feeds_a_called_function(f):
                 self._fail(bw, f"backward called {f.name}, which the graph "
                            f"analysis did not expect (was the graph changed "
                            f"during backward?); gradients were not "
                            f"all-reduced")
-            if entry is None or bw.called[entry[0]]:
+            if index < 0 or counted.called(index):
                 # `f` starts another backward: the one in flight stopped
                 # part-way (this raises).
                 close_stopped_backwards("another backward")
                 bw = None
         if bw is None:
             close_stopped_backwards("another backward", f)
-            self._refuse_overlap(f)
+            self._refuse_overlap(key)
             bw = self._begin(f)
-            entry = bw.graph.consumers[f]
-        bw.last = f
-        index, written = entry
-        bw.called[index] = 1
-        for i in written:
-            bw.pending[i] -= 1
-            if bw.pending[i] == 0:
-                self._ready(bw, i)
-        bw.calls_left -= 1
-        if bw.calls_left == 0 and not self.caller_ends:
+            index = counted.table().find(key)
+            if index < 0:
+                self._fail(bw, f"backward called {f.name} first, which the "
+                           f"graph analysis says it skips; gradients were "
+                           f"not all-reduced")
+        cdef vector[size_t] ready
+        counted.count(index, key, &ready)
+        for i in ready:
+            self._ready(bw, i)
+        if counted.calls_left() == 0 and not self.caller_ends:
             self._finish(bw)
 
-    cdef int _unexpected(self, _Backward bw, f) except -1:
+    cdef int _unexpected(self, _Backward bw, f, uintptr_t key) except -1:
         """`f`, which the graph analysis did not expect, ran in a backward
         whose caller ends it: its writes are in the gradients' reductions
         (a gradient the analysis did not reach is reduced at the end, one
         still pending when its last expected writer has run), unless a
         gradient it writes was already handed to the engine: that raises."""
         for i in gradients_written(f.inputs, self.positions):
-            if bw.graph.counts[i] and bw.pending[i] == 0:
+            if bw.graph.counts[i] and bw.readiness().pending(i) == 0:
                 self._fail(bw, f"backward called {f.name}, which the graph "
                            f"analysis did not expect, after a gradient it "
                            f"writes was all-reduced (was the graph changed "
                            f"during backward?); gradients were not "
                            f"all-reduced")
-        bw.last = f
+        bw.readiness().set_last(key)
         return 0
 
-    cdef int _refuse_overlap(self, f) except -1:
+    cdef int _refuse_overlap(self, uintptr_t key) except -1:
         """Refuses a second callback in this backward (chained with this
-        one) that reduces some of the same gradients: they would be summed
-        twice."""
+        one, so called for the same function, `key`) that reduces some of
+        the same gradients: they would be summed twice."""
         thread = threading.get_ident()
+        cdef _Backward other
         for state in _in_flight:
             other = (<_CallbackState>state).backward
-            if other.thread == thread and other.last is f and \
+            if other.thread == thread and other.readiness().last() == key and \
                     not self.positions.keys().isdisjoint(
                         (<_CallbackState>state)._positions):
                 (<AllReduceCallback>other.owner)._fail(
@@ -352,10 +395,11 @@ cdef class AllReduceCallback:
         return 0
 
     cdef _Backward _begin(self, f):
-        graph = self.state.analyses.get(f)
-        if graph is None or not graph.still_valid():
-            graph = analyze(f, self.positions)
-            remember(self.state.analyses, f, graph, _MAX_ANALYSES)
+        cdef _Analysis analysis = self.state.analyses.get(f)
+        if analysis is None or not analysis.graph.still_valid():
+            analysis = analysis_of(f, self.positions)
+            remember(self.state.analyses, f, analysis, _MAX_ANALYSES)
+        graph = analysis.graph
         # The plan follows the gradients as they are now: a parameter
         # reshaped, or a gradient that became final in another dtype than
         # planned during the last backward, gets a plan of its own.
@@ -378,9 +422,9 @@ cdef class AllReduceCallback:
         bw.owner = self
         bw.graph = graph
         bw.plan = plan
-        bw.pending = graph.counts
-        bw.called = bytearray(len(graph.functions))
-        bw.calls_left = len(graph.functions)
+        bw.counts = self.state.counts.get()
+        bw.counts.start(analysis.table, plan.core(), &plan.sizes,
+                        &plan.codes, self.caller_ends)
         bw.thread = threading.get_ident()
         self.state.backward = bw
         self.state.latest = plan
@@ -414,12 +458,12 @@ cdef class AllReduceCallback:
         """Ends a backward that returned: every gradient still pending (its
         remaining functions will not run) is reduced with what it holds, and
         an analysis that expected them is not used again."""
-        if bw.calls_left:
+        if bw.readiness().calls_left():
             self.state.analyses.clear()
-        for i in range(bw.pending.size()):
-            if bw.pending[i] > 0:
-                bw.pending[i] = 0
-                self._ready(bw, i)
+        cdef vector[size_t] ready
+        bw.readiness().flush(&ready)
+        for i in ready:
+            self._ready(bw, i)
         return self._finish(bw)
 
     cdef int _fail(self, _Backward bw, str message) except -1:
@@ -430,6 +474,7 @@ cdef class AllReduceCallback:
 
     cdef int _finish(self, _Backward bw) except -1:
         self.state.backward = None
+        bw.counts.stop()
         _in_flight.discard(self.state)
         cdef Engine* engine = bw.plan.core()
         cdef Status status

@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "nnabla_adapter/backward_counts.hpp"
+
 namespace nncomm {
 namespace nnabla_abi {
 
@@ -89,16 +91,21 @@ private:
   PyObject *object_;
 };
 
-// The callback nnabla's backward calls: hands each function, as nnabla's
-// Python Function, and the end of backward to `owner` through Python.
+// The callback nnabla's backward calls: counts each function in C++
+// (`counts`), and hands what that declines, as nnabla's Python Function,
+// and the end of backward to `owner` through Python.
 class Bridge final : public BackwardCallback {
 public:
-  Bridge(PyObject *owner, const FunctionVtable *functions,
-         FunctionDone function_done, BackwardDone backward_done)
-      : owner_(owner), functions_(functions), function_done_(function_done),
-        backward_done_(backward_done) {}
+  Bridge(PyObject *owner, std::shared_ptr<BackwardCounts> counts,
+         const FunctionVtable *functions, FunctionDone function_done,
+         BackwardDone backward_done)
+      : owner_(owner), counts_(std::move(counts)), functions_(functions),
+        function_done_(function_done), backward_done_(backward_done) {}
 
   void on_finish_function_backward(const CgFunctionPtr &f) override {
+    // The key nnabla's Function.__hash__ gives the Python hook.
+    if (counts_->try_count(reinterpret_cast<uintptr_t>(f.get())))
+      return;
     PyGILState_STATE gil = PyGILState_Ensure();
     PyObject *function = functions_->create_from_c(f);
     const int status =
@@ -119,18 +126,20 @@ public:
 
 private:
   PythonReference owner_;
+  const std::shared_ptr<BackwardCounts> counts_;
   const FunctionVtable *functions_;
   FunctionDone function_done_;
   BackwardDone backward_done_;
 };
 
-// Makes `object` (an nnabla._variable.CommunicatorBackwardCallback) call
-// `owner` from nnabla's backward.
+// Makes `object` (an nnabla._variable.CommunicatorBackwardCallback) count
+// on `counts` and call `owner` from nnabla's backward.
 inline void attach(PyObject *object, PyObject *owner,
+                   const std::shared_ptr<BackwardCounts> &counts,
                    const FunctionVtable *functions, FunctionDone function_done,
                    BackwardDone backward_done) {
   reinterpret_cast<CallbackObject *>(object)->callback =
-      std::make_shared<Bridge>(owner, functions, function_done,
+      std::make_shared<Bridge>(owner, counts, functions, function_done,
                                backward_done);
 }
 
@@ -334,6 +343,16 @@ inline void attach_communicator(PyObject *object, PyObject *comm,
   held->communicator = std::make_shared<CommunicatorBridge>(
       comm, arrays, find_group, all_reduce);
   held->communicatorp = held->communicator.get();
+}
+
+// The nbla::NdArray of an nnabla._nd_array.NdArray (`object`), and the key of an
+// nnabla.function.Function's call: its graph node's address.
+inline void *ndarray_of(PyObject *object) {
+  return reinterpret_cast<NdArrayObject *>(object)->arrp;
+}
+inline uintptr_t function_key(PyObject *object) {
+  return reinterpret_cast<uintptr_t>(
+      reinterpret_cast<FunctionObject *>(object)->funp);
 }
 
 // The sizes the layouts above give the Python types' instances.

@@ -10,10 +10,12 @@
 #   nncomm communicator, as nnabla NdArrays.
 #
 # The C++ types are declared in nnabla_abi.hpp from nnabla 1.39's sources;
-# the first use checks nnabla's version, the Python objects' sizes and the
-# two vtables nncomm calls through. With any other nnabla, nothing here is
-# used: all_reduce_callback returns the plain AllReduceCallback, and
-# F.sync_batch_normalization is left as nnabla has it.
+# the first use checks nnabla's version, the Python objects' sizes, the two
+# vtables nncomm calls through, Function's hash and the functions of
+# libnnabla.so that read an NdArray (nnabla_arrays.hpp). With any other
+# nnabla, nothing here is used: all_reduce_callback returns the plain
+# AllReduceCallback, counting in C++ but reading every gradient through
+# Python, and F.sync_batch_normalization is left as nnabla has it.
 
 
 # The nnabla versions nnabla_abi.hpp was written for.
@@ -23,6 +25,7 @@ cdef object _nnabla_types = None  # _NnablaTypes once checked; False if none
 cdef str _nnabla_refused = ""     # why not, where not
 cdef const FunctionVtable *_functions = NULL
 cdef const NdArrayVtable *_ndarrays = NULL
+cdef NdArrayCalls _ndarray_calls  # resolved by _check_nnabla
 
 
 class _NoAbi(Exception):
@@ -91,15 +94,70 @@ cdef object _check_nnabla():
             again.name != f.name:
         raise _NoAbi("nnabla's Function.create_from_c is not where nncomm "
                      "declares it")
+    if key_of(f) != function_key(<PyObject *>f):
+        raise _NoAbi("nnabla's Function.__hash__ is not its graph node's "
+                     "address")
     a = NdArray((2,))
     b = arrays.create((<NdArrayObject *><PyObject *>a).arr)
     if type(b) is not NdArray or b.data_ptr(np.float32, cpu) != \
             a.data_ptr(np.float32, cpu):
         raise _NoAbi("nnabla's NdArray.create is not where nncomm declares "
                      "it")
+    _check_ndarray_calls(cpu)
     _functions, _ndarrays = functions, arrays
     return _NnablaTypes(_callback_class(CommunicatorBackwardCallback),
                         _communicator_class(NnablaCommunicator))
+
+
+cdef int _check_ndarray_calls(cpu) except -1:
+    """Resolves the functions of libnnabla.so that read an NdArray, and
+    checks what they read against nnabla's Python API."""
+    cdef string error
+    library = os.path.join(os.path.dirname(nn.__file__), "libnnabla.so")
+    if not _ndarray_calls.resolve(library.encode(), &error):
+        raise _NoAbi(error.decode())
+    cdef Context context = as_context(cpu)
+    cdef long count
+    cdef int code
+    cdef void* ptr
+    for x, dt in ((NdArray((3,)), _DEFAULT_DTYPE),
+                  (NdArray.from_numpy_array(np.ones(5, np.float16)),
+                   np.dtype(np.float16)),
+                  (NdArray.from_numpy_array(np.ones(2, np.int32)), None)):
+        ptr = NULL
+        if not _ndarray_calls.read(ndarray_of(<PyObject *>x), context,
+                                   &count, &code, &ptr) or \
+                count != x.size or \
+                code != _FLOAT_CODES.get(dt, -1) or \
+                (dt is not None and
+                 <uintptr_t>ptr != x.data_ptr(dt, cpu)):
+            raise _NoAbi("libnnabla.so's NdArray functions do not read "
+                         "what nnabla's Python API does")
+    return 0
+
+
+cdef Context as_context(ctx):
+    """nnabla context `ctx` as nbla::Context."""
+    cdef Context context
+    context.backend = [str(b).encode() for b in ctx.backend]
+    context.array_class = str(ctx.array_class).encode()
+    context.device_id = str(ctx.device_id).encode()
+    return context
+
+
+cdef shared_ptr[BackwardCounts] backward_counts(list grads, ctx):
+    """The C++ counts of callbacks over NdArrays `grads` in context `ctx`:
+    reading the gradients there where nncomm knows nnabla's types, handing
+    every gradient to Python otherwise."""
+    cdef vector[void*] arrays
+    cdef Context nowhere
+    if nnabla_types() is None:
+        return shared_ptr[BackwardCounts](
+            new BackwardCounts(NULL, arrays, nowhere))
+    for x in grads:
+        arrays.push_back(ndarray_of(<PyObject *>x))
+    return shared_ptr[BackwardCounts](
+        new BackwardCounts(&_ndarray_calls, arrays, as_context(ctx)))
 
 
 # -- communicator_callbacks= --------------------------------------------------
@@ -147,8 +205,8 @@ cdef object as_nnabla_callback(AllReduceCallback reducer):
     if types is None:
         return reducer
     cb = types.callback(reducer)
-    attach(<PyObject *>cb, <PyObject *>reducer, _functions, _function_done,
-           _backward_done)
+    attach(<PyObject *>cb, <PyObject *>reducer, reducer.state.counts,
+           _functions, _function_done, _backward_done)
     return cb
 
 
@@ -250,3 +308,4 @@ def nnabla_types_refused():
     Checks them if that was not done yet."""
     nnabla_types()
     return _nnabla_refused
+

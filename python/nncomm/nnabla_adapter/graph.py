@@ -50,7 +50,8 @@ class BackwardGraph:
     def still_valid(self):
         """Whether every flag the analysis read still reads the same (a
         parameter frozen, or ``need_grad`` set on an intermediate, since
-        changes which functions are called)."""
+        changes which functions are called). Checked before every backward:
+        one flat pass, the cost of a read per flag."""
         return need_grad_flags(self._watched) == self._flags
 
     def feeds_a_called_function(self, f):
@@ -64,10 +65,9 @@ class BackwardGraph:
 
 
 def need_grad_flags(watched):
-    """The flags that decide what backward calls, of the functions and
-    inputs in `watched` ((function, inputs) pairs)."""
-    return [(f.need_grad, [v.need_grad for v in inputs])
-            for f, inputs in watched]
+    """The flags that decide what backward calls: ``need_grad`` of each
+    function and variable in `watched`."""
+    return [x.need_grad for x in watched]
 
 
 def analyze(root, positions):
@@ -95,7 +95,7 @@ def analyze(root, positions):
     forward = [0.0] * len(positions)
     consumers = {}
     functions = []
-    # Every function opened, called or skipped, with the inputs whose flag
+    # Every function opened, called or skipped, and the inputs whose flag
     # matters: intermediates (opened or not) and registered gradients'
     # leaves. Kept as the Variables read, since making f.inputs again each
     # iteration would cost more than the check.
@@ -105,8 +105,9 @@ def analyze(root, positions):
     while stack:
         f = stack.pop()
         inputs = f.inputs
-        watched.append((f, [v for v in inputs if v.parent is not None
-                            or positions.get(v.grad) is not None]))
+        watched.append(f)
+        watched += [v for v in inputs if v.parent is not None
+                    or positions.get(v.grad) is not None]
         if not f.need_grad:
             continue
         written = gradients_written(inputs, positions)
