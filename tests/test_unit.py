@@ -45,6 +45,9 @@ SETTINGS = {
     "engine_priority_order_whatever_order_ranks_are_ready_in": LAUNCHES,
     "engine_priority_failed_rank_sends_zeros_and_fails_every_rank":
         LAUNCHES,
+    # Lone arrays of 32 KiB, below the default direct threshold.
+    "lone_arrays_are_sent_where_they_lie": [
+        {"NNCOMM_DIRECT_BYTES": str(1 << 20)}],
     "collectives_compare_calls_as_configured": [
         {}, {"NNCOMM_CHECK_CALLS": "1"}, {"NNCOMM_CHECK_CALLS": "0"}],
     "wait_timeout_names_missing_world_ranks_then_aborts_the_job": [

@@ -25,6 +25,10 @@ struct Message {
   size_t byte_offset = 0;     // inside the fusion buffer
   size_t count = 0;           // elements, trailing flags included
   std::vector<size_t> arrays; // positions in the caller's list
+  // One array, which packing would only copy: it is sent where it lies,
+  // in the message's turn (sent_in_place()); the flags, if the message
+  // carries them, travel alone just before it.
+  bool lone = false;
 };
 
 struct FusionPlan {
@@ -33,6 +37,12 @@ struct FusionPlan {
   std::vector<size_t> empty;  // arrays of no elements: nothing to send
   size_t bytes = 0;
 };
+
+// A message of one array carrying the zeroing flags is lone only from this
+// size on: the flags then need a message of their own, whose round trip
+// (about 1.5 us at 2 ranks on shared memory, on the 2-core CI machine)
+// costs more than copying smaller arrays into the buffer and back.
+constexpr size_t kFlagsAloneBytes = 16 << 10;
 
 // Splits `arrays` into fused messages, one per dtype, and arrays sent where
 // they lie (all of them without `fuse`), as the bucket planner does for
@@ -60,6 +70,7 @@ FusionPlan make_fusion_plan(const std::vector<TensorSpec> &specs, bool fuse,
     m.dtype = b.dtype;
     m.count = b.count;
     m.arrays = std::move(b.tensors);
+    m.lone = m.arrays.size() == 1;
     plan.messages.push_back(std::move(m));
   }
   if (flags && !specs.empty()) {
@@ -74,7 +85,10 @@ FusionPlan make_fusion_plan(const std::vector<TensorSpec> &specs, bool fuse,
     } else {
       std::rotate(plan.messages.begin(), it, it + 1);
     }
-    plan.messages[0].count += specs.size();
+    Message &flagged = plan.messages[0];
+    flagged.lone = flagged.lone && flagged.count * dtype_size(flagged.dtype) >=
+                                       kFlagsAloneBytes;
+    flagged.count += specs.size();
   }
   for (Message &m : plan.messages) {
     m.byte_offset = plan.bytes;
@@ -191,6 +205,27 @@ Status acquire(ArrayRef &a, size_t index, Materializer materialize) {
   return Status::Ok();
 }
 
+// Whether message `m` is sent where its one array lies: it is lone, and
+// the transport scales it as packing would. The same on every rank.
+bool sent_in_place(const Transport &transport, const Message &m, float scale,
+                   int divisor) {
+  return m.lone && transport.scales_precisely(m.dtype, scale, divisor);
+}
+
+// Reduces array `i` where it lies; zeroing here, it is given memory first,
+// and its zeros are this rank's share of the sum.
+Status all_reduce_in_place(Transport &transport, ArrayMemory &memory,
+                           std::vector<ArrayRef> &arrays, size_t i,
+                           float scale, int divisor,
+                           Materializer materialize) {
+  ArrayRef &a = arrays[i];
+  if (a.ptr == nullptr) {
+    NNCOMM_RETURN_IF_ERROR(fail_alone(acquire(a, i, materialize)));
+    NNCOMM_RETURN_IF_ERROR(memory.zero(a.ptr, a.count * dtype_size(a.dtype)));
+  }
+  return transport.allreduce(a.ptr, a.count, a.dtype, scale, divisor);
+}
+
 // What every rank of a collective must agree on.
 class CallSignature {
 public:
@@ -287,6 +322,8 @@ Status all_reduce_list(Transport &transport, ArrayMemory &memory,
   NNCOMM_RETURN_IF_ERROR(fail_alone(reserve_plan(memory, plan, &buffer)));
   const int divisor = division ? transport.size() : 1;
   for (const Message &m : plan.messages) {
+    if (sent_in_place(transport, m, scale, divisor))
+      continue;
     const ScalingSplit s = split_scaling(memory, m.dtype, scale, divisor);
     NNCOMM_RETURN_IF_ERROR(pack(memory, buffer, m, arrays, s.pack_scale));
   }
@@ -313,8 +350,13 @@ Status all_reduce_list(Transport &transport, ArrayMemory &memory,
     }
     NNCOMM_RETURN_IF_ERROR(
         memory.put(flags, host_flags.data(), host_flags.size()));
-    NNCOMM_RETURN_IF_ERROR(transport.allreduce(buffer + first.byte_offset,
-                                               first.count, first.dtype));
+    if (sent_in_place(transport, first, scale, divisor)) {
+      NNCOMM_RETURN_IF_ERROR(
+          transport.allreduce(flags, arrays.size(), first.dtype));
+    } else {
+      NNCOMM_RETURN_IF_ERROR(transport.allreduce(buffer + first.byte_offset,
+                                                 first.count, first.dtype));
+    }
     NNCOMM_RETURN_IF_ERROR(
         memory.get(host_flags.data(), flags, host_flags.size()));
     for (size_t i = 0; i < arrays.size(); ++i)
@@ -328,6 +370,12 @@ Status all_reduce_list(Transport &transport, ArrayMemory &memory,
       any_written = any_written || written[i];
     if (!any_written)
       continue; // the same decision on every rank
+    if (sent_in_place(transport, m, scale, divisor)) {
+      NNCOMM_RETURN_IF_ERROR(all_reduce_in_place(
+          transport, memory, arrays, m.arrays[0], scale, divisor,
+          materialize));
+      continue;
+    }
     const ScalingSplit s = split_scaling(memory, m.dtype, scale, divisor);
     if (k > 0 || !zeroing) { // the first carried the flags, sent above
       NNCOMM_RETURN_IF_ERROR(
@@ -349,16 +397,10 @@ Status all_reduce_list(Transport &transport, ArrayMemory &memory,
       NNCOMM_RETURN_IF_ERROR(fail_alone(acquire(arrays[i], i, materialize)));
   }
   for (size_t i : plan.direct) {
-    if (!written[i])
-      continue;
-    ArrayRef &a = arrays[i];
-    if (a.ptr == nullptr) {
-      // Zeros are this rank's share of the sum.
-      NNCOMM_RETURN_IF_ERROR(fail_alone(acquire(a, i, materialize)));
-      NNCOMM_RETURN_IF_ERROR(memory.zero(a.ptr, a.count * dtype_size(a.dtype)));
+    if (written[i]) {
+      NNCOMM_RETURN_IF_ERROR(all_reduce_in_place(transport, memory, arrays, i,
+                                                 scale, divisor, materialize));
     }
-    NNCOMM_RETURN_IF_ERROR(
-        transport.allreduce(a.ptr, a.count, a.dtype, scale, divisor));
   }
   return Status::Ok();
 }
@@ -377,6 +419,12 @@ Status reduce_list(Transport &transport, ArrayMemory &memory,
   const bool is_root = transport.rank() == root;
   const int divisor = division ? transport.size() : 1;
   for (const Message &m : plan.messages) {
+    if (sent_in_place(transport, m, 1.0f, divisor)) {
+      const ArrayRef &a = arrays[m.arrays[0]];
+      NNCOMM_RETURN_IF_ERROR(
+          transport.reduce(a.ptr, a.count, a.dtype, root, divisor));
+      continue;
+    }
     const ScalingSplit s = split_scaling(memory, m.dtype, 1.0f, divisor);
     NNCOMM_RETURN_IF_ERROR(pack(memory, buffer, m, arrays, 1.0f));
     NNCOMM_RETURN_IF_ERROR(transport.reduce(buffer + m.byte_offset, m.count,
@@ -406,6 +454,11 @@ Status bcast_list(Transport &transport, ArrayMemory &memory,
   NNCOMM_RETURN_IF_ERROR(fail_alone(reserve_plan(memory, plan, &buffer)));
   const bool is_root = transport.rank() == root;
   for (const Message &m : plan.messages) {
+    if (sent_in_place(transport, m, 1.0f, 1)) {
+      const ArrayRef &a = arrays[m.arrays[0]];
+      NNCOMM_RETURN_IF_ERROR(transport.bcast(a.ptr, a.count, a.dtype, root));
+      continue;
+    }
     if (is_root)
       NNCOMM_RETURN_IF_ERROR(pack(memory, buffer, m, arrays, 1.0f));
     NNCOMM_RETURN_IF_ERROR(

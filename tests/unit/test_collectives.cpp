@@ -396,6 +396,124 @@ TEST(bcast_list_from_each_root) {
   }
 }
 
+TEST(lone_arrays_are_sent_where_they_lie) {
+  // A dtype's only array is sent from its own memory, in its message's
+  // turn; the first dtype's, 32 KiB here, after the zeroing flags alone.
+  // Array 0 is zeroing on rank 1 (given memory, zeros as its share), array
+  // 1 written on rank 0 only; the two float64 arrays share a message.
+  std::mt19937_64 rng(9);
+  const std::vector<Spec> specs = {{DType::kFloat32, 8192},
+                                   {DType::kFloat16, 5},
+                                   {DType::kFloat64, 3},
+                                   {DType::kFloat64, 4}};
+  CHECK(!direct(specs[0], true)); // as tests/test_unit.py sets it
+  for (int size : {2, 3}) {
+    std::vector<Arrays> arrays;
+    for (int r = 0; r < size; ++r) {
+      arrays.push_back(random_arrays(specs, rng));
+      if (r == 1)
+        arrays[r][0].reset();
+      if (r != 0)
+        arrays[r][1].reset();
+    }
+    std::vector<Arrays> after = arrays;
+    std::vector<Zeroing> given(size, Zeroing{specs, Arrays(specs.size()), {}});
+    FakeWorld world(size);
+    run_ranks(size, [&](int rank) {
+      auto transport = world.transport(rank);
+      HostArrays memory;
+      std::vector<ArrayRef> list = refs(after[rank], specs);
+      CHECK_OK(all_reduce_list(*transport, memory, list, true, 0.5f, true,
+                               {&Zeroing::give, &given[rank]}));
+    });
+    for (int r = 0; r < size; ++r) {
+      std::vector<LoggedOp> sent;
+      for (const LoggedOp &op : world.log(r)) {
+        if (op.call.kind != OpKind::kCheck)
+          sent.push_back(op);
+      }
+      const std::vector<Call> expected = {
+          {OpKind::kAllreduce, specs.size(), DType::kFloat32},
+          {OpKind::kAllreduce, 8192, DType::kFloat32},
+          {OpKind::kAllreduce, 5, DType::kFloat16},
+          {OpKind::kAllreduce, 7, DType::kFloat64}};
+      CHECK_EQ(sent.size(), expected.size());
+      for (size_t k = 0; k < sent.size() && k < expected.size(); ++k)
+        CHECK_EQ(sent[k].call, expected[k]);
+      const Arrays &own = arrays[r][0] ? after[r] : given[r].given;
+      CHECK(sent.size() > 2 && sent[1].buffer == own[0]->data());
+      const Arrays &half = arrays[r][1] ? after[r] : given[r].given;
+      CHECK(sent.size() > 2 && sent[2].buffer == half[1]->data());
+    }
+    for (size_t i = 0; i < specs.size(); ++i) {
+      std::vector<const Array *> shares;
+      for (const Arrays &a : arrays)
+        shares.push_back(a[i] ? &*a[i] : nullptr);
+      const Array want =
+          reduced(shares, specs[i].dtype, 0.5f, size, specs[i].dtype);
+      for (int r = 0; r < size; ++r)
+        CHECK_SAME(arrays[r][i] ? *after[r][i] : *given[r].given[i], want);
+    }
+  }
+
+  // bcast and reduce: from the array's memory, on every rank.
+  const std::vector<Spec> one = {{DType::kFloat16, 11}};
+  for (int size : {2, 3}) {
+    std::vector<Arrays> before;
+    for (int r = 0; r < size; ++r)
+      before.push_back(random_arrays(one, rng));
+    std::vector<Arrays> after = before;
+    FakeWorld world(size);
+    run_ranks(size, [&](int rank) {
+      auto transport = world.transport(rank);
+      HostArrays memory;
+      CHECK_OK(bcast_list(*transport, memory, refs(after[rank], one), 1,
+                          true));
+      CHECK_OK(reduce_list(*transport, memory, refs(after[rank], one), 0,
+                           false, true));
+    });
+    std::vector<const Array *> shares(size, &*before[1][0]);
+    const Array sum = reduced(shares, DType::kFloat16, 1.0f, 1,
+                              DType::kFloat16);
+    for (int r = 0; r < size; ++r) {
+      for (const LoggedOp &op : world.log(r)) {
+        if (op.call.kind != OpKind::kCheck)
+          CHECK(op.buffer == after[r][0]->data());
+      }
+      CHECK_SAME(*after[r][0], r == 0 ? sum : *before[1][0]);
+    }
+  }
+
+  // Packed after all where the transport would scale it less precisely.
+  for (int size : {2, 3}) {
+    std::vector<Arrays> before;
+    for (int r = 0; r < size; ++r)
+      before.push_back(random_arrays(one, rng));
+    std::vector<Arrays> after = before;
+    FakeWorld world(size);
+    run_ranks(size, [&](int rank) {
+      auto transport = world.transport(rank);
+      transport->scale_imprecisely();
+      HostArrays memory;
+      std::vector<ArrayRef> list = refs(after[rank], one);
+      CHECK_OK(all_reduce_list(*transport, memory, list, false, 0.5f, true,
+                               {nullptr, nullptr}));
+    });
+    std::vector<const Array *> shares;
+    for (const Arrays &a : before)
+      shares.push_back(&*a[0]);
+    const Array want = reduced(shares, DType::kFloat16, 0.5f, 1,
+                               DType::kFloat16);
+    for (int r = 0; r < size; ++r) {
+      for (const LoggedOp &op : world.log(r)) {
+        if (op.call.kind != OpKind::kCheck)
+          CHECK(op.buffer != after[r][0]->data());
+      }
+      CHECK_SAME(*after[r][0], want);
+    }
+  }
+}
+
 TEST(all_gather_into_one_array_or_a_list) {
   std::mt19937_64 rng(6);
   const size_t n = 13;

@@ -5,9 +5,12 @@
 // Fusion: with `fuse` set (nnabla's inplace=False), arrays smaller than
 // config::direct_bytes() are packed per dtype into the memory's fusion
 // buffer and sent as one message per dtype, in order of first appearance,
-// so every rank issues the same calls. Larger arrays, and all arrays
-// without `fuse`, are communicated where they lie, one after another. The
-// arrays live in `memory` (host or device: array_memory.hpp), and so do the
+// so every rank issues the same calls. A message that would hold one array
+// is sent from the array instead, in its turn, unless the transport would
+// scale it less precisely than packing (or it carries all_reduce's
+// zeroing flags, below 16 KiB). Larger arrays, and all arrays without
+// `fuse`, are communicated where they lie, one after another. The arrays
+// live in `memory` (host or device: array_memory.hpp), and so do the
 // messages.
 //
 // Arguments are validated by the binding before any rank communicates; that
