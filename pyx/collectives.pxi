@@ -3,12 +3,11 @@
 # runs on the gradients backward did not reach.
 
 
-cdef int all_reduce_list(_Group g, list arrays, ctx, bint cuda,
+cdef int all_reduce_list(_Group g, list arrays, NnablaContext context,
                          bint division, float scale, bint fuse) except -1:
     """Communicator.all_reduce's work on `arrays` (checked distinct): on
-    their device, or on the memory of NdArrays of context `ctx` (`cuda`: it
-    computes on CUDA)."""
-    cdef Placed placed = place(arrays, ctx, cuda, "data", None, True)
+    their device, or on the memory of NdArrays of `context`."""
+    cdef Placed placed = place(arrays, context, "data", None, True)
     if division:
         check_floating(placed.dtypes, "data")
     cdef Materializer materialize = placed.materializer()

@@ -27,7 +27,7 @@ cdef class Communicator:
         comm.all_reduce(x, division=True)
     """
     cdef object _ctx
-    cdef bint _cuda  # _ctx computes on CUDA
+    cdef NnablaContext _context  # _ctx as arrays are read in it
     cdef bint _initialized
     cdef dict _groups
     cdef dict _callback_states  # group name -> its _CallbackStates
@@ -42,8 +42,8 @@ cdef class Communicator:
             raise ValueError(
                 "nncomm's communicator needs a CPU or CUDA context, as from "
                 f"get_extension_context('cpu'); got backend {backends}")
-        self._cuda = computes_on_cuda(ctx)
-        if self._cuda:
+        self._context = nnabla_context(ctx)
+        if self._context.cuda:
             # Collectives would fail on their first array otherwise.
             missing = cuda_context.missing_pieces()
             if missing:
@@ -427,7 +427,7 @@ cdef class Communicator:
         cdef _Group g = self._member(group)
         cdef list data_list = as_ndarray_list(data, "data")
         check_distinct(data_list, "data")
-        all_reduce_list(g, data_list, self._ctx, self._cuda, division, 1.0,
+        all_reduce_list(g, data_list, self._context, division, 1.0,
                         not inplace)
 
     def grouped_all_reduce(self, data_lists, bint division=False,
@@ -461,7 +461,7 @@ cdef class Communicator:
         check_distinct([x for arrays in lists for x in arrays],
                        "data_lists (all lists together)")
         for arrays in lists:
-            all_reduce_list(g, arrays, self._ctx, self._cuda, division, 1.0,
+            all_reduce_list(g, arrays, self._context, division, 1.0,
                             True)
 
     def reduce(self, data, dst, bint division=False, bint inplace=False,
@@ -480,7 +480,7 @@ cdef class Communicator:
         cdef int root = _root(dst, "dst", g, group)
         cdef list data_list = as_ndarray_list(data, "data")
         check_distinct(data_list, "data")
-        cdef Placed arrays = place(data_list, self._ctx, self._cuda, "data",
+        cdef Placed arrays = place(data_list, self._context, "data",
                                    None)
         if division:
             check_floating(arrays.dtypes, "data")
@@ -503,7 +503,7 @@ cdef class Communicator:
         cdef _Group g = self._member(group)
         cdef int root = _root(src, "src", g, group)
         cdef list data_list = as_ndarray_list(data, "data")
-        cdef Placed arrays = place(data_list, self._ctx, self._cuda, "data",
+        cdef Placed arrays = place(data_list, self._context, "data",
                                    None)
         cdef Status status
         with nogil:
@@ -553,12 +553,12 @@ cdef class Communicator:
                                            len(g.ranks)):
             return self._all_gatherv(g, ndarray, ndarray_list, group)
         _check_one(ndarray)
-        cdef Placed send = place([ndarray], self._ctx, self._cuda, "ndarray",
+        cdef Placed send = place([ndarray], self._context, "ndarray",
                                  None)
         recv_list = as_ndarray_list(ndarray_list, "ndarray_list")
         _check_blocks(recv_list, "ndarray_list", send.refs[0].count,
                       len(g.ranks))
-        cdef Placed recv = place(recv_list, self._ctx, self._cuda,
+        cdef Placed recv = place(recv_list, self._context,
                                  "ndarray_list", send.dtypes[0])
         check_same_place(send, recv, "ndarray and ndarray_list")
         cdef Status status
@@ -576,7 +576,7 @@ cdef class Communicator:
         mine = np.zeros((1, _HEAD), np.int64)
         error = None
         try:
-            send = _sent(ndarray, "ndarray", self._cuda)
+            send = _sent(ndarray, "ndarray", self._context.cuda)
             if rows:
                 _check_rows(send)
                 _check_makeable(send, "ndarray_list")
@@ -595,10 +595,10 @@ cdef class Communicator:
         if rows:
             recv = _new_array(send, (sum(counts),) + send.shape[1:])
             _gather_varying(g, send, [c * send.row() for c in counts],
-                            [recv], self._ctx, self._cuda)
+                            [recv], self._context)
             return recv
         _check_list_sizes(heads, counts, recv_list, group)
-        _gather_varying(g, send, counts, recv_list, self._ctx, self._cuda)
+        _gather_varying(g, send, counts, recv_list, self._context)
 
     def alltoall(self, send, recv=None, splits=None, group="world"):
         """Horovod's alltoall: sends each rank of the group some rows of
@@ -647,7 +647,7 @@ cdef class Communicator:
         mine = np.zeros((ranks, _HEAD), np.int64)
         error = rows = None
         try:
-            sent = _sent(send, "send", self._cuda)
+            sent = _sent(send, "send", self._context.cuda)
             rows = _split(sent, splits, ranks)
             if recv is None:
                 _check_makeable(sent, "recv")
@@ -675,8 +675,8 @@ cdef class Communicator:
                          "passed a recv of the wrong size")
         if recv is None:
             recv = _new_array(sent, (sum(received),) + sent.shape[1:])
-        cdef Placed out = place([send], self._ctx, self._cuda, "send", None)
-        cdef Placed into = place([recv], self._ctx, self._cuda, "recv",
+        cdef Placed out = place([send], self._context, "send", None)
+        cdef Placed into = place([recv], self._context, "recv",
                                  sent.dtype)
         cdef vector[size_t] send_counts = [r * row for r in rows]
         cdef vector[size_t] recv_counts = [r * row for r in received]
@@ -707,7 +707,7 @@ cdef class Communicator:
         send_list = as_ndarray_list(ndarray_list, "ndarray_list")
         _check_blocks(send_list, "ndarray_list", elements(ndarray),
                       len(g.ranks))
-        cdef Placed send = place(send_list, self._ctx, self._cuda,
+        cdef Placed send = place(send_list, self._context,
                                  "ndarray_list", None)
         for i, dt in enumerate(send.dtypes):
             if dt != send.dtypes[0]:
@@ -716,7 +716,7 @@ cdef class Communicator:
                     f"{send.dtypes[0]}, [{i}] is {dt}")
         if division:
             check_floating(send.dtypes, "ndarray_list")
-        cdef Placed recv = place([ndarray], self._ctx, self._cuda, "ndarray",
+        cdef Placed recv = place([ndarray], self._context, "ndarray",
                                  send.dtypes[0])
         check_same_place(send, recv, "ndarray and ndarray_list")
         cdef Status status
@@ -803,7 +803,7 @@ cdef class Communicator:
         key = (size, keep_dtype, wire, priorities, tuple(grads))
         cdef _CallbackState state = states.get(key)
         if state is None:
-            state = _CallbackState(g, grads, self._ctx)
+            state = _CallbackState(g, grads, self._context)
             remember(states, key, state, _STATES_BYTES,
                      operator.attrgetter("bytes"))
         cdef AllReduceCallback cb = AllReduceCallback.__new__(AllReduceCallback)
@@ -811,8 +811,7 @@ cdef class Communicator:
         cb.state = state
         cb.data = grads
         cb.positions = state.positions(grads)
-        cb.ctx = self._ctx
-        cb.cuda = self._cuda
+        cb.context = self._context
         cb.division = division
         cb.keep_dtype = keep_dtype
         cb.scale = float(scale_grad)
@@ -870,7 +869,7 @@ cdef class Communicator:
         cdef _Group g = self._member(group)
         cdef list grads = as_ndarray_list(data, "data")
         size = _gradient_checks(grads, pack_size, "gradient_reducer")
-        return make_reducer(g, grads, self._ctx, self._cuda, order, size,
+        return make_reducer(g, grads, self._context, order, size,
                             division,
                             float(scale_grad), keep_dtype,
                             _wire_code(self._ctx, wire_dtype), priority)

@@ -55,10 +55,10 @@ cdef class _Plan:
     cdef vector[int] codes  # per gradient: its dtype code when planned
     cdef bint converted  # a gradient came in another dtype than planned
 
-    cdef str mark_ndarray(self, Py_ssize_t i, x, ctx, str when,
-                          str planned):
+    cdef str mark_ndarray(self, Py_ssize_t i, x, NnablaContext context,
+                          str when, str planned):
         """Hands NdArray `x`, gradient `i`, to the engine at its memory now
-        (in context `ctx`); a dtype other than planned is converted into and
+        (in `context`); a dtype other than planned is converted into and
         out of its bucket this time. Returns why it cannot be, or None:
         `when` says when `x` changed, `planned` when it was planned."""
         dt = dtype_of(x)
@@ -70,7 +70,7 @@ cdef class _Plan:
             return (f"data[{i}] has {x.size} elements, {self.sizes[i]} "
                     f"{planned}")
         self.converted = self.converted or code != self.codes[i]
-        cdef void* ptr = <void*><uintptr_t>x.data_ptr(dt, ctx)
+        cdef void* ptr = <void*><uintptr_t>x.data_ptr(dt, context.ctx)
         self.core().mark_ready(i, ptr, <DType><int>code)
         return None
 
@@ -261,7 +261,7 @@ cdef class GradientReducer:
     cdef _Group group
     cdef _Plan _plan
     cdef list data
-    cdef object ctx
+    cdef NnablaContext context
     cdef GpuArrays gpu  # the gradients' device memory; None on the host
     # GPU arrays keep their memory; an NdArray's is read at each ready().
     cdef bint fixed
@@ -317,7 +317,8 @@ cdef class GradientReducer:
                 index, self.gpu.refs[index].ptr, self.gpu.refs[index].dtype)
             return
         error = self._plan.mark_ndarray(
-            index, self.data[index], self.ctx, "since the reducer was made",
+            index, self.data[index], self.context,
+            "since the reducer was made",
             "when the reducer was made")
         if error is not None:
             self._fail(error)
@@ -380,8 +381,9 @@ cdef class GradientReducer:
         raise RuntimeError(message)
 
 
-cdef GradientReducer make_reducer(_Group group, list grads, ctx, bint cuda,
-                                  order, size_t pack_size, bint division,
+cdef GradientReducer make_reducer(_Group group, list grads,
+                                  NnablaContext context, order,
+                                  size_t pack_size, bint division,
                                   float scale, bint keep_dtype, int wire,
                                   priority):
     """The reducer of Communicator.gradient_reducer, its arguments
@@ -389,8 +391,8 @@ cdef GradientReducer make_reducer(_Group group, list grads, ctx, bint cuda,
     cdef GradientReducer self = GradientReducer.__new__(GradientReducer)
     self.group = group
     self.data = grads
-    self.ctx = ctx
-    self.gpu = device_arrays(grads, ctx, cuda, "data", None)
+    self.context = context
+    self.gpu = device_arrays(grads, context, "data", None)
     self.fixed = len(grads) > 0 and is_gpu_array(grads[0])
     if self.gpu is not None:
         sizes = tuple(<Py_ssize_t>self.gpu.refs[i].count

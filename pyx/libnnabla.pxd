@@ -19,8 +19,11 @@ cdef extern from "nnabla_adapter/nnabla_arrays.hpp" namespace "nncomm::nnabla_ab
 
     cdef cppclass NdArrayCalls:
         bool resolve(const string& library, string* error)
-        bool read(void* ndarray, const Context& ctx, long* count, int* dtype,
-                  void** ptr)
+        bool head(void* ndarray, long* count, int* type, bool* zeroed)
+        bool memory(void* ndarray, int type, const Context& ctx,
+                    bool write_only, void** ptr)
+
+    int ndarray_dtype_code "nncomm::nnabla_abi::dtype_code"(int type)
 
 
 cdef extern from "nnabla_adapter/backward_counts.hpp" namespace "nncomm::nnabla_abi":

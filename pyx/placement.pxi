@@ -3,20 +3,19 @@
 # collective branches on host and device memory.
 
 
-cdef GpuArrays device_arrays(list arrays, ctx, bint cuda, str what, dtype):
+cdef GpuArrays device_arrays(list arrays, NnablaContext context, str what,
+                             dtype):
     """The device memory of `arrays` (named `what` in errors): GPU arrays,
-    or NdArrays of context `ctx` where it computes on CUDA (`cuda`, its
-    computes_on_cuda(), found once: reading a context's backends costs
-    about a microsecond), whose data_ptr is on its device; None where
-    `arrays` is host memory (or empty). `dtype` as collect() and
-    collect_gpu() take it."""
+    or NdArrays of `context` where it computes on CUDA, whose memory is on
+    its device; None where `arrays` is host memory (or empty). `dtype` as
+    collect() and collect_gpu() take it."""
     if not arrays:
         return None
     if is_gpu_array(arrays[0]):
         return collect_gpu(arrays, what, dtype)
-    if not cuda:
+    if not context.cuda:
         return None
-    return on_nnabla_stream(collect(arrays, ctx, what, dtype, False))
+    return on_nnabla_stream(collect(arrays, context, what, dtype, False))
 
 
 cdef class Placed:
@@ -39,16 +38,16 @@ cdef class Placed:
         return none
 
 
-cdef Placed place(list arrays, ctx, bint cuda, str what, dtype,
+cdef Placed place(list arrays, NnablaContext context, str what, dtype,
                   bint zeroing_as_null=False):
     """`arrays` (named `what`) read and placed: GPU arrays on their device;
-    NdArrays of context `ctx` on its device where it computes on CUDA
-    (`cuda`), on nnabla's stream, in host memory otherwise. `dtype` and
+    NdArrays of `context` on its device where it computes on CUDA, on
+    nnabla's stream, in host memory otherwise. `dtype` and
     `zeroing_as_null` (host memory only) as collect() takes them."""
     cdef Placed self = Placed.__new__(Placed)
-    cdef GpuArrays gpu = device_arrays(arrays, ctx, cuda, what, dtype)
+    cdef GpuArrays gpu = device_arrays(arrays, context, what, dtype)
     if gpu is None:
-        self.host = collect(arrays, ctx, what, dtype, zeroing_as_null)
+        self.host = collect(arrays, context, what, dtype, zeroing_as_null)
         # Taken, not copied: the materializer reads the arrays, not these.
         self.refs.swap(self.host.refs)
         self.dtypes = self.host.dtypes

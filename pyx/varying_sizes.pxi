@@ -270,13 +270,13 @@ cdef object _new_array(_Sent send, tuple shape):
         return cupy.empty(shape, send.dtype)
 
 
-cdef int _gather_varying(_Group g, _Sent send, list counts, list recv, ctx,
-                         bint cuda) except -1:
+cdef int _gather_varying(_Group g, _Sent send, list counts, list recv,
+                         NnablaContext context) except -1:
     """Group rank r's `send` (`counts[r]` elements) into recv[r], or into
     the one array of `recv` (checked by _check_receivers or made by
     _new_array), after those of the ranks before r."""
-    cdef Placed sent = place([send.array], ctx, cuda, send.what, None)
-    cdef Placed into = place(recv, ctx, cuda, "ndarray_list", send.dtype)
+    cdef Placed sent = place([send.array], context, send.what, None)
+    cdef Placed into = place(recv, context, "ndarray_list", send.dtype)
     cdef vector[size_t] c = counts
     cdef Status status
     with nogil:

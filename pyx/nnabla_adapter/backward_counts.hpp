@@ -71,10 +71,12 @@ public:
     readiness_.would_make_final(function, &final_);
     for (size_t i : final_) {
       long count = 0;
-      int dtype = -1;
+      int type = 0;
+      bool zeroing = false;
       void *ptr = nullptr;
-      if (!calls_->read(arrays_[i], ctx_, &count, &dtype, &ptr) ||
-          count != (*counts_)[i] || dtype != (*dtypes_)[i])
+      if (!calls_->head(arrays_[i], &count, &type, &zeroing) ||
+          count != (*counts_)[i] || dtype_code(type) != (*dtypes_)[i] ||
+          !calls_->memory(arrays_[i], type, ctx_, false, &ptr))
         return false;
       memory_.push_back(ptr);
     }

@@ -201,13 +201,13 @@ cdef class _CallbackState:
     cdef tuple codes
     cdef bint replan
 
-    def __cinit__(self, _Group group, list grads, ctx):
+    def __cinit__(self, _Group group, list grads, NnablaContext context):
         self.analyses = {}
         self.plans = {}
         self._positions = None
         self.group = group
         self.grads = grads
-        self.counts = backward_counts(grads, ctx)
+        self.counts = backward_counts(grads, context)
 
     @property
     def bytes(self):
@@ -249,8 +249,7 @@ cdef class AllReduceCallback:
     cdef _CallbackState state
     cdef list data
     cdef dict positions
-    cdef object ctx
-    cdef bint cuda  # ctx computes on CUDA
+    cdef NnablaContext context
     cdef bint division
     cdef bint keep_dtype
     cdef float scale
@@ -439,14 +438,14 @@ cdef class AllReduceCallback:
         cdef _Plan plan = make_plan(
             self.group, self.data, list(reversed(reached)), sizes, codes,
             self.pack_size, self.keep_dtype, self.wire,
-            device_arrays(self.data[:1], self.ctx, self.cuda, "data", None),
+            device_arrays(self.data[:1], self.context, "data", None),
             priorities, self.state.thread)
         self.state.thread = plan.thread
         return plan
 
     cdef int _ready(self, _Backward bw, Py_ssize_t i) except -1:
         error = bw.plan.mark_ndarray(
-            i, self.data[i], self.ctx, "during backward",
+            i, self.data[i], self.context, "during backward",
             "when this backward began (reshaped during backward?)")
         if error is not None:
             self._fail(bw, error)
@@ -487,7 +486,7 @@ cdef class AllReduceCallback:
         try:
             all_reduce_list(self.group, [self.data[i]
                                          for i in bw.plan.unreached],
-                            self.ctx, self.cuda, self.division, self.scale,
+                            self.context, self.division, self.scale,
                             True)
         finally:
             CHKSTATUS(status)

@@ -1,6 +1,8 @@
 # nnabla NdArrays as the C++ core sees them: pointers, element counts and
-# dtype codes, read through NdArray.data_ptr so that collectives work on
-# nnabla's own memory; in a CUDA context, device memory on nnabla's stream.
+# dtype codes, read as NdArray.data_ptr reads them (through libnnabla's own
+# functions, nnabla_arrays.hpp, where nncomm knows nnabla's types), so that
+# collectives work on nnabla's own memory; in a CUDA context, device memory
+# on nnabla's stream.
 
 # nnabla's default element type: the dtype of an array never written yet.
 _DEFAULT_DTYPE = np.dtype(np.float32)
@@ -75,18 +77,50 @@ cdef void* _materialize(void* context, size_t index) noexcept with gil:
         return NULL
 
 
+cdef class NnablaContext:
+    """An nnabla context as nncomm reads NdArrays in it: the context
+    (`ctx`), whether it computes on CUDA (`cuda`: reading a context's
+    backends costs about a microsecond), and, where libnnabla's NdArray
+    functions can be called (`calls` not NULL), the context as
+    nbla::Context (`cpp`), taken once, as nnabla's communicators take
+    theirs. Made by :func:`nnabla_context`."""
+    cdef readonly object ctx
+    cdef bint cuda
+    cdef Context cpp
+    cdef const NdArrayCalls* calls
+
+
+cdef NnablaContext nnabla_context(ctx):
+    cdef NnablaContext self = NnablaContext.__new__(NnablaContext)
+    self.ctx = ctx
+    self.cuda = computes_on_cuda(ctx)
+    self.calls = ndarray_calls()
+    if self.calls != NULL:
+        self.cpp = as_context(ctx)
+    return self
+
+
+cdef Context as_context(ctx):
+    """nnabla context `ctx` as nbla::Context."""
+    cdef Context context
+    context.backend = [str(b).encode() for b in ctx.backend]
+    context.array_class = str(ctx.array_class).encode()
+    context.device_id = str(ctx.device_id).encode()
+    return context
+
+
 cdef class ArrayList:
     """The memory of a list of NdArrays, ready for the C++ core. Made by
     :func:`collect`."""
     cdef vector[ArrayRef] refs
     cdef list arrays
     cdef list dtypes
-    cdef object ctx
+    cdef NnablaContext context
 
     cdef void* pointer(self, size_t index, bint write_only) except? NULL:
         x = self.arrays[index]
-        return <void*><uintptr_t>x.data_ptr(self.dtypes[index], self.ctx,
-                                            write_only)
+        return <void*><uintptr_t>x.data_ptr(self.dtypes[index],
+                                            self.context.ctx, write_only)
 
     cdef Materializer materializer(self):
         cdef Materializer m
@@ -116,7 +150,7 @@ cdef int dtype_code(dt, str what) except -1:
     return code
 
 
-cdef ArrayList collect(list arrays, ctx, str what, dtype,
+cdef ArrayList collect(list arrays, NnablaContext context, str what, dtype,
                        bint zeroing_as_null):
     """Reads the pointers, counts and dtypes of `arrays` (named `what` in
     errors), validating every array before anything is communicated, so that
@@ -134,20 +168,59 @@ cdef ArrayList collect(list arrays, ctx, str what, dtype,
         if check_calls() == CallChecks.kEvery else None
     self.arrays = arrays
     self.dtypes = []
-    self.ctx = ctx
+    self.context = context
     self.refs.reserve(len(arrays))
+    # The numpy type number `dtype` forces, as libnnabla takes it.
+    cdef int forced = -1 if dtype is None else dtype.num
     for i, x in enumerate(arrays):
+        ref.tag = 0 if names is None else names.get(x, 0)
+        if context.calls != NULL and \
+                _read_directly(context, x, forced, zeroing_as_null, &ref):
+            self.refs.push_back(ref)
+            self.dtypes.append(_CODE_DTYPES[<int>ref.dtype]
+                               if dtype is None else dtype)
+            continue
+        # Where nnabla threw, or the dtype is not one nncomm moves: read as
+        # nnabla's Python API reads it, which names the problem.
         dt = dtype_of(x) if dtype is None else dtype
         code = dtype_code(dt, f"{what}[{i}]")
         self.dtypes.append(dt)
         ref.count = x.size
         ref.dtype = <DType><int>code
-        ref.tag = 0 if names is None else names.get(x, 0)
         ref.ptr = NULL
         self.refs.push_back(ref)
         if not (zeroing_as_null and x.zeroing):
             self.refs[i].ptr = self.pointer(i, dtype is not None)
     return self
+
+
+# The numpy dtypes of the codes.
+cdef dict _CODE_DTYPES = {code: dt for dt, code in _DTYPE_CODES.items()}
+
+
+cdef bint _read_directly(NnablaContext context, x, int forced,
+                         bint zeroing_as_null, ArrayRef* ref) except -1:
+    """Reads NdArray `x` into `ref` (all but its tag) as collect() does,
+    through libnnabla's functions (`context.calls`); False where nnabla
+    threw or its dtype is not one nncomm moves."""
+    cdef void* ndarray = ndarray_of(<PyObject *>x)
+    cdef long count
+    cdef int type
+    cdef cpp_bool zeroed
+    if not context.calls.head(ndarray, &count, &type, &zeroed):
+        return False
+    if forced >= 0:
+        type = forced
+    cdef int code = ndarray_dtype_code(type)
+    if code < 0:
+        return False
+    ref.count = count
+    ref.dtype = <DType>code
+    ref.ptr = NULL
+    if zeroing_as_null and zeroed:
+        return True
+    return context.calls.memory(ndarray, type, context.cpp, forced >= 0,
+                                &ref.ptr)
 
 
 # nnabla-ext-cuda computes on the legacy default stream: CUDA's handle 1.

@@ -118,46 +118,44 @@ cdef int _check_ndarray_calls(cpu) except -1:
         raise _NoAbi(error.decode())
     cdef Context context = as_context(cpu)
     cdef long count
-    cdef int code
+    cdef int type
+    cdef cpp_bool zeroed
     cdef void* ptr
-    for x, dt in ((NdArray((3,)), _DEFAULT_DTYPE),
-                  (NdArray.from_numpy_array(np.ones(5, np.float16)),
-                   np.dtype(np.float16)),
-                  (NdArray.from_numpy_array(np.ones(2, np.int32)), None)):
+    zero = NdArray((4,))
+    zero.zero()
+    for x in (NdArray((3,)), zero,
+              NdArray.from_numpy_array(np.ones(5, np.float16)),
+              NdArray.from_numpy_array(np.ones(2, np.int64))):
         ptr = NULL
-        if not _ndarray_calls.read(ndarray_of(<PyObject *>x), context,
-                                   &count, &code, &ptr) or \
-                count != x.size or \
-                code != _FLOAT_CODES.get(dt, -1) or \
-                (dt is not None and
-                 <uintptr_t>ptr != x.data_ptr(dt, cpu)):
+        if not _ndarray_calls.head(ndarray_of(<PyObject *>x), &count, &type,
+                                   &zeroed) or \
+                count != x.size or zeroed != x.zeroing or \
+                ndarray_dtype_code(type) != _DTYPE_CODES[dtype_of(x)] or \
+                not _ndarray_calls.memory(ndarray_of(<PyObject *>x), type,
+                                          context, False, &ptr) or \
+                <uintptr_t>ptr != x.data_ptr(dtype_of(x), cpu):
             raise _NoAbi("libnnabla.so's NdArray functions do not read "
                          "what nnabla's Python API does")
     return 0
 
 
-cdef Context as_context(ctx):
-    """nnabla context `ctx` as nbla::Context."""
-    cdef Context context
-    context.backend = [str(b).encode() for b in ctx.backend]
-    context.array_class = str(ctx.array_class).encode()
-    context.device_id = str(ctx.device_id).encode()
-    return context
+cdef const NdArrayCalls* ndarray_calls():
+    """libnnabla's functions that read an NdArray; NULL where nncomm does
+    not know nnabla's types."""
+    return &_ndarray_calls if nnabla_types() is not None else NULL
 
 
-cdef shared_ptr[BackwardCounts] backward_counts(list grads, ctx):
-    """The C++ counts of callbacks over NdArrays `grads` in context `ctx`:
+cdef shared_ptr[BackwardCounts] backward_counts(list grads,
+                                                NnablaContext context):
+    """The C++ counts of callbacks over NdArrays `grads` of `context`:
     reading the gradients there where nncomm knows nnabla's types, handing
     every gradient to Python otherwise."""
     cdef vector[void*] arrays
-    cdef Context nowhere
-    if nnabla_types() is None:
-        return shared_ptr[BackwardCounts](
-            new BackwardCounts(NULL, arrays, nowhere))
-    for x in grads:
-        arrays.push_back(ndarray_of(<PyObject *>x))
+    if context.calls != NULL:
+        for x in grads:
+            arrays.push_back(ndarray_of(<PyObject *>x))
     return shared_ptr[BackwardCounts](
-        new BackwardCounts(&_ndarray_calls, arrays, as_context(ctx)))
+        new BackwardCounts(context.calls, arrays, context.cpp))
 
 
 # -- communicator_callbacks= --------------------------------------------------
