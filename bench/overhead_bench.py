@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/overhead_bench.py
 
-Prints, best of 5 rounds:
+Prints, best of 5 rounds (15 for the backward timings, whose differences
+carry the noise of two measurements):
 - one ``NdArray.data_ptr(dtype, ctx)`` call (nncomm needs one per array per
   collective, and one per gradient per backward in the callback);
 - on a chain of 1,000 ``Add2`` functions with one parameter each, the
@@ -62,7 +63,8 @@ def main():
     consumers = analyze(loss.parent, {g: i for i, g in enumerate(grads)}).consumers
 
     def per_function(hook):
-        return best(lambda: loss.backward(function_post_hook=hook), 20) / (N + 1) * 1e6
+        return best(lambda: loss.backward(function_post_hook=hook), 20,
+                    15) / (N + 1) * 1e6
 
     def lookup_and_pointer(f):
         for i in consumers[f][1]:
@@ -71,7 +73,7 @@ def main():
 
     def per_function_callbacks(callbacks):
         return best(lambda: loss.backward(communicator_callbacks=callbacks),
-                    20) / (N + 1) * 1e6
+                    20, 15) / (N + 1) * 1e6
 
     cb = comm.all_reduce_callback(grads, 2 << 20)
     loss.backward(function_post_hook=cb)

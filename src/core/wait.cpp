@@ -19,9 +19,15 @@ std::atomic<int (*)()> interrupt_check{nullptr};
 
 thread_local const OperationLabel *operation_label = nullptr;
 
-// Tests made back to back before a wait starts yielding and looking at
-// the clock: about 5 µs on a 2-rank shared-memory job.
+// Tests made back to back before a wait first looks at the clock: about
+// 5 µs on a 2-rank shared-memory job.
 constexpr int kSpinTests = 64;
+// How long a wait goes on testing without yielding: long enough for a
+// small collective between ranks of one machine (a 64 KiB broadcast takes
+// about 10 µs on 2 ranks, and each yield adds a system call's
+// microsecond), short beside a time slice, so that a rank sharing its
+// core with another soon gives it up.
+constexpr std::chrono::microseconds kSpinTime(20);
 // How long a wait lasts before it tells the other ranks it is here
 // (Work::inspect); late enough that a healthy job never does.
 constexpr double kInspectAfterSeconds = 1.0;
@@ -144,8 +150,10 @@ Status wait_for(Work &work, bool warn, const Polling *polling) {
         std::fflush(stderr);
       }
     }
-    if (polling == nullptr ||
-        (polling->hurry != nullptr && polling->hurry->load())) {
+    if (now - start < kSpinTime) {
+      // Still spinning: test again at once.
+    } else if (polling == nullptr ||
+               (polling->hurry != nullptr && polling->hurry->load())) {
       // Only a process waiting for its core (more ranks than cores) gets
       // it; otherwise the test comes again at once.
       std::this_thread::yield();

@@ -458,10 +458,14 @@ TEST(lone_arrays_are_sent_where_they_lie) {
 
   // bcast and reduce: from the array's memory, on every rank.
   const std::vector<Spec> one = {{DType::kFloat16, 11}};
-  for (int size : {2, 3}) {
-    std::vector<Arrays> before;
+  const auto per_rank = [&](int size) {
+    std::vector<Arrays> arrays;
     for (int r = 0; r < size; ++r)
-      before.push_back(random_arrays(one, rng));
+      arrays.push_back(random_arrays(one, rng));
+    return arrays;
+  };
+  for (int size : {2, 3}) {
+    const std::vector<Arrays> before = per_rank(size);
     std::vector<Arrays> after = before;
     FakeWorld world(size);
     run_ranks(size, [&](int rank) {
@@ -486,9 +490,7 @@ TEST(lone_arrays_are_sent_where_they_lie) {
 
   // Packed after all where the transport would scale it less precisely.
   for (int size : {2, 3}) {
-    std::vector<Arrays> before;
-    for (int r = 0; r < size; ++r)
-      before.push_back(random_arrays(one, rng));
+    const std::vector<Arrays> before = per_rank(size);
     std::vector<Arrays> after = before;
     FakeWorld world(size);
     run_ranks(size, [&](int rank) {
