@@ -2,6 +2,7 @@
 # (pyx/nnabla_adapter/nnabla_abi.hpp). Nothing but externs.
 
 from cpython.ref cimport PyObject
+from libc.stddef cimport size_t
 from libc.stdint cimport uintptr_t
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr
@@ -30,7 +31,10 @@ cdef extern from "nnabla_adapter/backward_counts.hpp" namespace "nncomm::nnabla_
     cdef cppclass BackwardCounts:
         BackwardCounts(const NdArrayCalls* calls, vector[void*] arrays,
                        Context ctx)
-        Readiness& readiness()
+        const Readiness& readiness()
+        void count(size_t function, uintptr_t key, vector[size_t]* ready)
+        void flush(vector[size_t]* ready)
+        void set_last(uintptr_t key)
         void start(shared_ptr[ReadinessTable] table, Engine* engine,
                    const vector[long]* counts, const vector[int]* dtypes,
                    bool caller_ends)

@@ -76,15 +76,13 @@ cdef extern from "nncomm/core/readiness.hpp" namespace "nncomm" nogil:
         long find(uintptr_t key) const
 
     cdef cppclass Readiness:
-        bool active()
-        const ReadinessTable& table()
-        bool called(size_t function)
-        int pending(size_t gradient)
-        size_t calls_left()
-        uintptr_t last()
-        void set_last(uintptr_t key)
-        void count(size_t function, uintptr_t key, vector[size_t]* ready)
-        void flush(vector[size_t]* ready)
+        # Changed through BackwardCounts (libnnabla.pxd) only.
+        bool active() const
+        const ReadinessTable& table() const
+        bool called(size_t function) const
+        int pending(size_t gradient) const
+        size_t calls_left() const
+        uintptr_t last() const
 
 
 cdef extern from "nncomm/collectives/group.hpp" namespace "nncomm" nogil:

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -35,8 +36,9 @@ public:
                  Context ctx)
       : calls_(calls), arrays_(std::move(arrays)), ctx_(std::move(ctx)) {}
 
-  // The counts, which the Python hook reads and counts on too.
-  Readiness &readiness() { return readiness_; }
+  // The counts, which the Python hook reads, and changes through the
+  // methods below.
+  const Readiness &readiness() const { return readiness_; }
 
   // A backward begins on this thread, counted by `table`: the gradients
   // go to `engine`, which planned them as `counts` elements of `dtypes`
@@ -46,6 +48,7 @@ public:
   void start(std::shared_ptr<const ReadinessTable> table, Engine *engine,
              const std::vector<long> *counts, const std::vector<int> *dtypes,
              bool caller_ends) {
+    std::lock_guard<std::mutex> lock(mutex_);
     readiness_.start(std::move(table));
     engine_ = engine;
     counts_ = counts;
@@ -54,12 +57,30 @@ public:
     thread_ = std::this_thread::get_id();
   }
 
-  void stop() { readiness_.stop(); }
+  void stop() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    readiness_.stop();
+  }
+
+  // Readiness's, for the Python hook.
+  void count(size_t function, uintptr_t key, std::vector<size_t> *ready) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    readiness_.count(function, key, ready);
+  }
+  void flush(std::vector<size_t> *ready) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    readiness_.flush(ready);
+  }
+  void set_last(uintptr_t key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    readiness_.set_last(key);
+  }
 
   // Counts the call of the function named `key` and hands the gradients it
   // made final to the engine; false where it declines (nothing changed).
   bool try_count(uintptr_t key) noexcept {
-    if (calls_ == nullptr || !readiness_.active() ||
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock() || calls_ == nullptr || !readiness_.active() ||
         key == readiness_.last() || std::this_thread::get_id() != thread_)
       return false;
     const long function = readiness_.table().find(key);
@@ -92,6 +113,10 @@ private:
   const NdArrayCalls *const calls_;
   const std::vector<void *> arrays_;
   const Context ctx_;
+  // Held by every change of the counts: nothing stops another thread from
+  // beginning a backward over the same gradients (a misuse: both would
+  // write them) while a call is counted here without the GIL.
+  std::mutex mutex_;
   Readiness readiness_;
   Engine *engine_ = nullptr;
   const std::vector<long> *counts_ = nullptr;

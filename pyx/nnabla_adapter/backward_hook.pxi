@@ -171,11 +171,11 @@ cdef class _Backward:
     cdef BackwardCounts* counts
     cdef object thread
 
-    cdef Readiness* readiness(self):
+    cdef const Readiness* readiness(self):
         return &self.counts.readiness()
 
     cdef str describe_missing(self):
-        cdef Readiness* counted = self.readiness()
+        cdef const Readiness* counted = self.readiness()
         missing = [f.name for f, (i, _) in self.graph.consumers.items()
                    if not counted.called(i)]
         shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
@@ -320,7 +320,7 @@ cdef class AllReduceCallback:
         cdef BackwardCounts* counts = self.state.counts.get()
         if counts.try_count(key):
             return
-        cdef Readiness* counted = &counts.readiness()
+        cdef const Readiness* counted = &counts.readiness()
         cdef _Backward bw = self.state.backward
         cdef long index = -1
         if bw is not None:
@@ -354,7 +354,7 @@ cdef class AllReduceCallback:
                            f"graph analysis says it skips; gradients were "
                            f"not all-reduced")
         cdef vector[size_t] ready
-        counted.count(index, key, &ready)
+        counts.count(index, key, &ready)
         for i in ready:
             self._ready(bw, i)
         if counted.calls_left() == 0 and not self.caller_ends:
@@ -373,7 +373,7 @@ cdef class AllReduceCallback:
                            f"writes was all-reduced (was the graph changed "
                            f"during backward?); gradients were not "
                            f"all-reduced")
-        bw.readiness().set_last(key)
+        bw.counts.set_last(key)
         return 0
 
     cdef int _refuse_overlap(self, uintptr_t key) except -1:
@@ -460,7 +460,7 @@ cdef class AllReduceCallback:
         if bw.readiness().calls_left():
             self.state.analyses.clear()
         cdef vector[size_t] ready
-        bw.readiness().flush(&ready)
+        bw.counts.flush(&ready)
         for i in ready:
             self._ready(bw, i)
         return self._finish(bw)
