@@ -67,10 +67,10 @@ cdef class _FromInsideBackward:
         return False
 
 
-cdef int close_stopped_backwards(str entry, object call=None) except -1:
+cdef int close_stopped_backwards(str entry, uintptr_t call=0) except -1:
     """Closes the backwards of this thread that stopped part-way, before
-    `entry` (what this thread is doing instead) goes on; `call`: the
-    Function of a hook call, whose own backward is not closed.
+    `entry` (what this thread is doing instead) goes on; `call`: the key
+    (key_of) of a hook call's Function, whose own backward is not closed.
 
     A backward stopped by an exception nncomm saw (nncomm.chain_hooks) was
     closed at once; any other means a graph analysis missed the end of
@@ -81,12 +81,11 @@ cdef int close_stopped_backwards(str entry, object call=None) except -1:
     if not _in_flight or getattr(_inside, "depth", 0):
         return 0
     thread = threading.get_ident()
-    cdef uintptr_t key = 0 if call is None else key_of(call)
     cdef _Backward bw
     for state in list(_in_flight):
         bw = (<_CallbackState>state).backward
         if bw is not None and bw.thread == thread and \
-                (key == 0 or bw.readiness().last() != key):
+                (call == 0 or bw.readiness().last() != call):
             (<_CallbackState>state).close(
                 f"the last backward over these gradients returned (or "
                 f"raised) before {bw.describe_missing()} ran, and {entry} "
@@ -345,7 +344,7 @@ cdef class AllReduceCallback:
                 close_stopped_backwards("another backward")
                 bw = None
         if bw is None:
-            close_stopped_backwards("another backward", f)
+            close_stopped_backwards("another backward", key)
             self._refuse_overlap(key)
             bw = self._begin(f)
             index = counted.table().find(key)

@@ -121,19 +121,21 @@ cdef int _check_ndarray_calls(cpu) except -1:
     cdef int type
     cdef cpp_bool zeroed
     cdef void* ptr
+    cdef void* ndarray
     zero = NdArray((4,))
     zero.zero()
     for x in (NdArray((3,)), zero,
               NdArray.from_numpy_array(np.ones(5, np.float16)),
               NdArray.from_numpy_array(np.ones(2, np.int64))):
+        ndarray = ndarray_of(<PyObject *>x)
+        dt = dtype_of(x)
         ptr = NULL
-        if not _ndarray_calls.head(ndarray_of(<PyObject *>x), &count, &type,
-                                   &zeroed) or \
+        if not _ndarray_calls.head(ndarray, &count, &type, &zeroed) or \
                 count != x.size or zeroed != x.zeroing or \
-                ndarray_dtype_code(type) != _DTYPE_CODES[dtype_of(x)] or \
-                not _ndarray_calls.memory(ndarray_of(<PyObject *>x), type,
-                                          context, False, &ptr) or \
-                <uintptr_t>ptr != x.data_ptr(dtype_of(x), cpu):
+                ndarray_dtype_code(type) != _DTYPE_CODES[dt] or \
+                not _ndarray_calls.memory(ndarray, type, context, False,
+                                          &ptr) or \
+                <uintptr_t>ptr != x.data_ptr(dt, cpu):
             raise _NoAbi("libnnabla.so's NdArray functions do not read "
                          "what nnabla's Python API does")
     return 0
@@ -306,4 +308,3 @@ def nnabla_types_refused():
     Checks them if that was not done yet."""
     nnabla_types()
     return _nnabla_refused
-
