@@ -76,6 +76,21 @@ Setting<int> microseconds(const char *name, int fallback) {
   return {static_cast<int>(parsed)};
 }
 
+// A count of records, 0 for none; bounded, so that a typo cannot ask
+// every transport for gigabytes.
+Setting<size_t> records(const char *name, size_t fallback) {
+  const char *v = env(name);
+  if (v == nullptr)
+    return {fallback};
+  char *end = nullptr;
+  errno = 0;
+  const unsigned long long parsed = std::strtoull(v, &end, 10);
+  if (end == v || *end != '\0' || errno != 0 || *v == '-' ||
+      parsed > 1000000)
+    return refused(name, fallback, "0 (off) to 1000000 operations");
+  return {static_cast<size_t>(parsed)};
+}
+
 Setting<std::optional<Launch>> launch(const char *name) {
   const char *v = env(name);
   const std::string s = v == nullptr ? "auto" : v;
@@ -120,6 +135,8 @@ struct Settings {
   Setting<GpuTransport> gpu = gpu_choice("NNCOMM_GPU_TRANSPORT");
   Setting<std::string> nccl = text("NNCOMM_NCCL_LIBRARY");
   Setting<std::string> timeline = text("NNCOMM_TIMELINE");
+  Setting<size_t> flight = records("NNCOMM_FLIGHT_RECORDER", 2000);
+  Setting<std::string> flight_dir = text("NNCOMM_FLIGHT_RECORDER_DIR");
 };
 
 const Settings &settings() {
@@ -135,7 +152,7 @@ Status validate() {
   for (const std::string *error :
        {&s.chunk.error, &s.direct.error, &s.huge_page.error, &s.check.error,
         &s.launch_at.error, &s.poll.error, &s.timeout.error, &s.stall.error,
-        &s.fail_allocation.error, &s.gpu.error}) {
+        &s.fail_allocation.error, &s.gpu.error, &s.flight.error}) {
     if (!error->empty())
       bad += (bad.empty() ? "" : "; ") + *error;
   }
@@ -158,6 +175,10 @@ size_t test_fail_allocation_bytes() {
 GpuTransport gpu_transport() { return settings().gpu.value; }
 const std::string &nccl_library() { return settings().nccl.value; }
 const std::string &timeline_path() { return settings().timeline.value; }
+size_t flight_recorder_entries() { return settings().flight.value; }
+const std::string &flight_recorder_dir() {
+  return settings().flight_dir.value;
+}
 
 } // namespace config
 } // namespace nncomm

@@ -84,13 +84,14 @@ size_t chunk_elements(DType dt) {
 
 // What the stall reports say a rank is doing: the same on every rank making
 // the same MPI call.
-uint64_t operation(const char *kind, size_t count, DType dt, int root = 0) {
-  return Fingerprint()
-      .add(kind)
-      .add(count)
-      .add(static_cast<uint64_t>(dt))
-      .add(static_cast<uint64_t>(root))
-      .value();
+FlightOp operation(const char *kind, size_t count, DType dt, int root = 0) {
+  return {kind, count, dt, root,
+          Fingerprint()
+              .add(kind)
+              .add(count)
+              .add(static_cast<uint64_t>(dt))
+              .add(static_cast<uint64_t>(root))
+              .value()};
 }
 
 void abort_world(const char *reason) {
@@ -111,22 +112,32 @@ void abort_world(const char *reason) {
 class Pieces : public Work {
 public:
   // `inspector`: the transport's (null while it is being created); `at`:
-  // the operation, as begin() opened it.
+  // the operation, as begin() opened it, in `flight`.
   Pieces(StallInspector *inspector, const StallInspector::Position &at,
-         const char *call, size_t pieces)
-      : inspector_(inspector), at_(at), call_(call), pieces_(pieces) {}
+         FlightRecorder &flight, const char *call, size_t pieces)
+      : inspector_(inspector), at_(at), flight_(flight), call_(call),
+        pieces_(pieces) {}
 
-  Status begin() { return start_piece(); }
+  Status begin() {
+    NNCOMM_RETURN_IF_ERROR(start_piece());
+    flight_.started(at_.seq);
+    return Status::Ok();
+  }
 
   Status test(bool *done) override {
     *done = false;
     int complete = 0;
-    NNCOMM_MPI_CALL(MPI_Test, &request_, &complete, MPI_STATUS_IGNORE);
+    const int err = MPI_Test(&request_, &complete, MPI_STATUS_IGNORE);
+    if (err != MPI_SUCCESS) {
+      flight_.failed(at_.seq);
+      return mpi_failure(err, "MPI_Test");
+    }
     if (!complete)
       return Status::Ok();
     finish(piece_);
     if (++piece_ < pieces_)
       return start_piece();
+    flight_.completed(at_.seq);
     *done = true;
     return Status::Ok();
   }
@@ -159,13 +170,16 @@ private:
 
   Status start_piece() {
     const int err = start(piece_, &request_);
-    if (err != MPI_SUCCESS)
+    if (err != MPI_SUCCESS) {
+      flight_.failed(at_.seq);
       return mpi_failure(err, call_);
+    }
     return Status::Ok();
   }
 
   StallInspector *const inspector_;
   const StallInspector::Position at_;
+  FlightRecorder &flight_;
   const char *call_;
   const size_t pieces_;
   size_t piece_ = 0;
@@ -182,8 +196,9 @@ template <typename Start, typename Finish>
 class Calls final : public Pieces {
 public:
   Calls(StallInspector *inspector, const StallInspector::Position &at,
-        const char *call, size_t pieces, Start start, Finish finish)
-      : Pieces(inspector, at, call, pieces), start_(std::move(start)),
+        FlightRecorder &flight, const char *call, size_t pieces, Start start,
+        Finish finish)
+      : Pieces(inspector, at, flight, call, pieces), start_(std::move(start)),
         finish_(std::move(finish)) {}
 
 private:
@@ -227,18 +242,19 @@ template <typename Start, typename Finish>
 Status MpiTransport::start_pieces(const char *call, size_t pieces,
                                   Start start, Finish finish, WorkPtr *work) {
   std::unique_ptr<Pieces> started(
-      new Calls<Start, Finish>(inspector_.get(), at_, call, pieces,
+      new Calls<Start, Finish>(inspector_.get(), at_, flight_, call, pieces,
                                std::move(start), std::move(finish)));
   NNCOMM_RETURN_IF_ERROR(started->begin());
   *work = std::move(started);
   return Status::Ok();
 }
 
-Status MpiTransport::begin(uint64_t fingerprint, uint64_t phase) {
+Status MpiTransport::begin(const FlightOp &op, uint64_t phase) {
   NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
   ++at_.seq;
-  at_.fingerprint = fingerprint;
+  at_.fingerprint = op.fingerprint;
   at_.phase = phase;
+  flight_.enqueue(at_.seq, op, phase);
   return Status::Ok();
 }
 
@@ -247,17 +263,20 @@ Status MpiTransport::check_call(uint64_t signature, bool always) {
   if (!always && checked_.count(signature) != 0)
     return Status::Ok();
   // Every call since the last comparison is in `unchecked_`.
-  NNCOMM_RETURN_IF_ERROR(begin(signature, 1));
+  NNCOMM_RETURN_IF_ERROR(begin({"check", 0, DType::kInt64, 0, signature}, 1));
   bool same = false;
   NNCOMM_RETURN_IF_ERROR(same_everywhere(check_comm_, unchecked_, &same));
   unchecked_ = 0; // a difference is reported once
   if (!same) {
-    return Status::InvalidArgument(
+    const std::string message =
         "the ranks of this group make different calls (" +
         OperationLabel::current() +
         " here; different arguments: number, sizes, dtypes or order of the "
         "arrays, root or options, or another collective, now or since the "
-        "last call compared)");
+        "last call compared)";
+    flight_.failed(at_.seq);
+    FlightRecorder::dump_after(message);
+    return Status::InvalidArgument(message);
   }
   // Bounded: a program whose sizes never repeat compares again later.
   if (checked_.size() >= 4096)
@@ -310,7 +329,7 @@ Status MpiTransport::Init(MPI_Request *created) {
     OperationLabel label("creating a communicator");
     Status status = begin(operation("create", 0, DType::kInt64));
     if (status.ok()) {
-      Calls creation(inspector_.get(), at_, "MPI_Comm_idup", 1,
+      Calls creation(inspector_.get(), at_, flight_, "MPI_Comm_idup", 1,
                      [created](size_t, MPI_Request *request) {
                        *request = *created;
                        return MPI_SUCCESS;
@@ -346,6 +365,7 @@ Status MpiTransport::Init(MPI_Request *created) {
     MPI_Group_free(&world);
   if (err != MPI_SUCCESS)
     return mpi_failure(err, "MPI_Group_translate_ranks");
+  flight_.set_group(world_ranks);
   inspector_.reset(new StallInspector(comm_, rank_, std::move(world_ranks)));
   // Every member is here by now (the communicator is complete).
   NNCOMM_MPI_CALL(MPI_Comm_dup, comm_, &check_comm_);
@@ -525,7 +545,7 @@ Status MpiTransport::same_everywhere(MPI_Comm comm, uint64_t value,
                                      bool *same) {
   // max(v) == v and max(~v) == ~v hold on every rank only if all v agree.
   uint64_t both[2] = {value, ~value};
-  Calls round(inspector_.get(), at_, "MPI_Iallreduce", 1,
+  Calls round(inspector_.get(), at_, flight_, "MPI_Iallreduce", 1,
               [&both, comm](size_t, MPI_Request *request) {
                 return MPI_Iallreduce(MPI_IN_PLACE, both, 2, MPI_UINT64_T,
                                       MPI_MAX, comm, request);

@@ -18,6 +18,7 @@
 
 #include <mpi.h>
 
+#include "nncomm/observability/flight_recorder.hpp"
 #include "nncomm/observability/stall_inspector.hpp"
 #include "nncomm/transports/transport.hpp"
 
@@ -76,10 +77,11 @@ private:
   explicit MpiTransport(MPI_Comm comm) : comm_(comm) {}
   // `created`: the request completing the communicator, or null.
   Status Init(MPI_Request *created);
-  // Opens the next operation, whose `fingerprint` (kind, count, dtype,
-  // root) the stall reports carry: fails at once after an earlier failed
-  // wait. `phase` 1: the check of a call (check_call()).
-  Status begin(uint64_t fingerprint, uint64_t phase = 0);
+  // Opens the next operation `op`, whose fingerprint (kind, count, dtype,
+  // root) the stall reports carry and the flight recorder records: fails at
+  // once after an earlier failed wait. `phase` 1: the check of a call
+  // (check_call()).
+  Status begin(const FlightOp &op, uint64_t phase = 0);
   // Starts the operation begin() opened, as `pieces` nonblocking `call`s,
   // each started once the one before has completed: `start(i, &request)`
   // starts piece i's, returning MPI's error code, and `finish(i)` runs
@@ -100,6 +102,7 @@ private:
   // calls match.
   StallInspector::Position at_;
   std::unique_ptr<StallInspector> inspector_;
+  FlightRecorder flight_;
   // Signatures of calls compared across the ranks, and the fold of every
   // call's signature since the last comparison.
   std::unordered_set<uint64_t> checked_;
