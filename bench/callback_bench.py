@@ -37,6 +37,11 @@ without the solver:
   ratio ``T_cb_tl/T_cb`` is the timeline's cost, and PATH is left holding
   the last round's timeline (that of the hook overhead below goes beside
   it, ``<stem>-tiny<ext>``).
+- ``T_cb_nofr`` (with ``--flight-recorder``): ``T_cb``, the same callback
+  on the same schedule, with the flight recorder not recording (switched
+  off for the round's steps, on again after); ``T_cb`` records (unless
+  ``NNCOMM_FLIGHT_RECORDER=0``), so the ratio ``T_cb/T_cb_nofr`` is the
+  recorder's cost (goal: at most 1.01).
 
 The callback's engine chooses on its first iterations whether to launch
 buckets as they become ready or all at the end of backward (``auto``, the
@@ -208,6 +213,9 @@ def main():
     parser.add_argument("--timeline", metavar="PATH",
                         help="also time T_cb_tl: T_cb with the timeline "
                         "recording into PATH")
+    parser.add_argument("--flight-recorder", action="store_true",
+                        help="also time T_cb with the flight recorder off "
+                             "(T_cb_nofr)")
     parser.add_argument("--breakdown-steps", type=int, default=4,
                         help="steps of the T_cb breakdown (0: none)")
     parser.add_argument("--tiny-functions", type=int, default=1000)
@@ -270,6 +278,23 @@ def recording(comm, path):
         finally:
             comm.stop_timeline()
     return on()
+
+
+def flight_recording_off(off):
+    """A context in which the flight recorder records nothing (`off`
+    False: a context that does nothing)."""
+    if not off:
+        return contextlib.nullcontext()
+    from nncomm._nncomm import _set_flight_recording
+
+    @contextlib.contextmanager
+    def context():
+        _set_flight_recording(False)
+        try:
+            yield
+        finally:
+            _set_flight_recording(True)
+    return context()
 
 
 def link_check(count, world, say):
@@ -392,6 +417,8 @@ def mlp(args, comm, world, have_cb, say):
             methods["cb_fwd"] = with_forward_first
         if args.timeline:
             methods["cb_tl"] = with_cb
+        if args.flight_recorder:
+            methods["cb_nofr"] = with_cb
 
     fb()                         # warm up: allocations, first-touch
     seq()
@@ -401,7 +428,8 @@ def mlp(args, comm, world, have_cb, say):
     for _ in range(args.rounds):
         for name, fn in methods.items():
             total = used = 0.0
-            with recording(comm, args.timeline if name == "cb_tl" else None):
+            with recording(comm, args.timeline if name == "cb_tl" else None), \
+                    flight_recording_off(name == "cb_nofr"):
                 for _ in range(args.iters):
                     world.Barrier()
                     start = time.perf_counter()
@@ -441,6 +469,9 @@ def mlp(args, comm, world, have_cb, say):
         if "cb_tl" in t:
             say("T_cb_tl/T_cb (timeline)".ljust(29)
                 + f"{t['cb_tl'] / t['cb']:6.3f}")
+        if "cb_nofr" in t:
+            say("T_cb/T_cb_nofr (flight rec.)".ljust(29)
+                + f"{t['cb'] / t['cb_nofr']:6.3f}")
         if "cb_cc" in t:
             say("T_cb_cc/T_cb (nnabla's route)".ljust(29)
                 + f"{t['cb_cc'] / t['cb']:6.3f}")

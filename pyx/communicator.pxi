@@ -253,8 +253,9 @@ cdef class Communicator:
             try:
                 train()
             except Exception:
-                comm.dump_flight_record("flight")   # then, on any machine:
-                raise                               # python -m nncomm.flight flight
+                # then, anywhere: python -m nncomm.flight flight
+                comm.dump_flight_record("flight")
+                raise
         """
         self._world()
         return flight_record_dump(path)

@@ -7,46 +7,75 @@ cdef extern from "Python.h":
     ctypedef struct PyFrameObject:
         pass
     PyFrameObject* PyEval_GetFrame()
+    # A new reference to a PyCodeObject, taken as any object.
+    object PyFrame_GetCode "(PyObject*)PyFrame_GetCode" (PyFrameObject* f)
+    int PyFrame_GetLineNumber(PyFrameObject* f)
+
+cdef extern from *:
+    """
+    #include <frameobject.h>
+    // The frame's last instruction: read directly, where finding its line
+    // scans the code's line table.
+    static int nncomm_frame_lasti(PyFrameObject *f) {
+    #if PY_VERSION_HEX >= 0x030B0000
+      return PyFrame_GetLasti(f);
+    #else
+      return f->f_lasti;
+    #endif
+    }
+    """
+    int frame_lasti "nncomm_frame_lasti" (PyFrameObject* f)
 
 # The package's own files, whose frames are skipped: a call site is the
 # user's line that called into nncomm.
 cdef str _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-# (code, line) -> "file:line in function", as bytes that are never freed:
-# the recorders keep pointers into them. Bounded, so that generated code
-# cannot grow it for ever; past the bound, calls go without a site.
-cdef dict _call_sites = {}
-cdef dict _internal_code = {}  # code -> whether it is nncomm's own
+# Code's address -> [code, whether it is nncomm's own, {instruction:
+# site}], a site being "file:line in function" as bytes that are never
+# freed: the recorders keep pointers into them. Keyed by address, which
+# hashes at once (a code object's own hash reads all of it), the code kept
+# alive so that its address is not reused; then by instruction, whose line
+# is looked up once. Bounded, so that generated code cannot grow it for
+# ever; past the bound, calls go without a site.
+cdef dict _code_sites = {}
+cdef Py_ssize_t _sites = 0
 cdef Py_ssize_t _MAX_CALL_SITES = 10000
 
 
 cdef const char* _call_site() except? NULL:
     """The innermost frame outside nncomm of this thread's Python stack, as
     an interned "file:line in function", or null."""
-    cdef PyFrameObject* top = PyEval_GetFrame()
-    if top == NULL:
-        return NULL
-    frame = <object><PyObject*>top
-    while frame is not None:
-        code = frame.f_code
-        internal = _internal_code.get(code)
-        if internal is None:
-            internal = code.co_filename.startswith(_PACKAGE_DIR)
-            if len(_internal_code) < _MAX_CALL_SITES:
-                _internal_code[code] = internal
-        if not internal:
+    global _sites
+    cdef PyFrameObject* f = PyEval_GetFrame()
+    cdef object frame = None  # keeps f alive once the walk leaves the top
+    cdef list entry
+    while f != NULL:
+        code = PyFrame_GetCode(f)
+        address = <Py_ssize_t><PyObject*>code
+        entry = _code_sites.get(address)
+        if entry is None:
+            if _sites >= _MAX_CALL_SITES:
+                return NULL
+            entry = [code, code.co_filename.startswith(_PACKAGE_DIR), {}]
+            _code_sites[address] = entry
+            _sites += 1
+        if not entry[1]:
             break
-        frame = frame.f_back
-    if frame is None:
-        return NULL
-    line = frame.f_lineno
-    key = (code, line)
-    site = _call_sites.get(key)
-    if site is None:
-        if len(_call_sites) >= _MAX_CALL_SITES:
+        frame = (<object><PyObject*>f).f_back
+        if frame is None:
             return NULL
-        site = f"{code.co_filename}:{line} in {code.co_name}".encode(
-            "utf-8", "replace")
-        _call_sites[key] = site
+        f = <PyFrameObject*><PyObject*>frame
+    if f == NULL:
+        return NULL
+    instruction = frame_lasti(f)
+    cdef dict sites = entry[2]
+    site = sites.get(instruction)
+    if site is None:
+        if _sites >= _MAX_CALL_SITES:
+            return NULL
+        site = (f"{code.co_filename}:{PyFrame_GetLineNumber(f)} in "
+                f"{code.co_name}").encode("utf-8", "replace")
+        sites[instruction] = site
+        _sites += 1
     return <const char*>site
 
 

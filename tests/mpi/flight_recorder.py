@@ -12,9 +12,11 @@ except where MODE says:
   others' second one is (found from the stall reports within seconds).
 - differ: the last rank makes a bcast where the others make an
   all_reduce (found by the comparison of new calls).
-- kill: the last rank SIGKILLs itself before the second all_reduce (run
-  with ``mpiexec -disable-auto-cleanup`` and a small NNCOMM_TIMEOUT, so
-  that the others live to time out).
+- stop: the last rank stops itself (SIGSTOP) before the second
+  all_reduce, as a rank that died would, but without mpiexec ending the
+  job at once, as it does when a rank is killed: the others time out (run
+  with a small NNCOMM_TIMEOUT) and abort the job, the stopped rank with
+  it, which leaves no record.
 
 In the last three each rank prints what it raised (``rank R: ...``) and
 re-raises, which ends the job; the test then reads the records.
@@ -44,8 +46,8 @@ def steps(comm):
         if MODE == "differ" and last and step == 1:
             comm.bcast(x, src=0)
             continue
-        if MODE == "kill" and last and step == 1:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if MODE == "stop" and last and step == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
         comm.all_reduce(x)
     comm.all_reduce(nd(np.ones(7, np.float32)))
 
