@@ -1,6 +1,7 @@
 #include "nncomm/observability/config.hpp"
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
@@ -28,17 +29,24 @@ Setting<T> refused(const char *name, T fallback, const char *expected) {
                         " (expected " + expected + ")"};
 }
 
-// A positive byte count.
-Setting<size_t> bytes(const char *name, size_t fallback) {
+// A whole number from `least` to `most`, `expected` saying so.
+Setting<size_t> count(const char *name, size_t fallback, size_t least,
+                      size_t most, const char *expected) {
   const char *v = env(name);
   if (v == nullptr)
     return {fallback};
   char *end = nullptr;
   errno = 0;
   const unsigned long long parsed = std::strtoull(v, &end, 10);
-  if (end == v || *end != '\0' || parsed == 0 || errno != 0 || *v == '-')
-    return refused(name, fallback, "a positive number of bytes");
+  if (end == v || *end != '\0' || errno != 0 || *v == '-' ||
+      parsed < least || parsed > most)
+    return refused(name, fallback, expected);
   return {static_cast<size_t>(parsed)};
+}
+
+// A positive byte count.
+Setting<size_t> bytes(const char *name, size_t fallback) {
+  return count(name, fallback, 1, SIZE_MAX, "a positive number of bytes");
 }
 
 // A number of seconds, 0 or more.
@@ -74,21 +82,6 @@ Setting<int> microseconds(const char *name, int fallback) {
   if (end == v || *end != '\0' || parsed < 0 || parsed > 1000000)
     return refused(name, fallback, "0 to 1000000 microseconds");
   return {static_cast<int>(parsed)};
-}
-
-// A count of records, 0 for none; bounded, so that a typo cannot ask
-// every transport for gigabytes.
-Setting<size_t> records(const char *name, size_t fallback) {
-  const char *v = env(name);
-  if (v == nullptr)
-    return {fallback};
-  char *end = nullptr;
-  errno = 0;
-  const unsigned long long parsed = std::strtoull(v, &end, 10);
-  if (end == v || *end != '\0' || errno != 0 || *v == '-' ||
-      parsed > 1000000)
-    return refused(name, fallback, "0 (off) to 1000000 operations");
-  return {static_cast<size_t>(parsed)};
 }
 
 Setting<std::optional<Launch>> launch(const char *name) {
@@ -135,7 +128,9 @@ struct Settings {
   Setting<GpuTransport> gpu = gpu_choice("NNCOMM_GPU_TRANSPORT");
   Setting<std::string> nccl = text("NNCOMM_NCCL_LIBRARY");
   Setting<std::string> timeline = text("NNCOMM_TIMELINE");
-  Setting<size_t> flight = records("NNCOMM_FLIGHT_RECORDER", 2000);
+  // Bounded, so that a typo cannot ask every transport for gigabytes.
+  Setting<size_t> flight = count("NNCOMM_FLIGHT_RECORDER", 2000, 0, 1000000,
+                                 "0 (off) to 1000000 operations");
   Setting<std::string> flight_dir = text("NNCOMM_FLIGHT_RECORDER_DIR");
 };
 
