@@ -31,6 +31,10 @@ without the solver:
 - ``T_cb_fwd`` (with ``--priority``): ``T_cb`` with
   ``priority="forward"``, the plan's buckets sorted so that those the next
   forward needs first go out first;
+- ``T_cb_join`` (with ``--join``): ``T_cb`` inside ``comm.join()``, which
+  no rank leaves (opened before the round's steps, left after, neither
+  timed); ``T_cb_join/T_cb`` is what being ready for uneven inputs costs
+  while every rank still trains (goal: within 1 %);
 - ``T_cb_tl`` (with ``--timeline PATH``): ``T_cb``, the same callback on
   the same schedule, with the timeline recording (``comm.start_timeline``
   before the round's steps, ``stop_timeline`` after, neither timed); the
@@ -208,6 +212,8 @@ def main():
     parser.add_argument("--timeline", metavar="PATH",
                         help="also time T_cb_tl: T_cb with the timeline "
                         "recording into PATH")
+    parser.add_argument("--join", action="store_true",
+                        help="also time T_cb_join: T_cb inside comm.join()")
     parser.add_argument("--breakdown-steps", type=int, default=4,
                         help="steps of the T_cb breakdown (0: none)")
     parser.add_argument("--tiny-functions", type=int, default=1000)
@@ -254,6 +260,14 @@ def main():
     say(f"# {time.perf_counter() - start:.0f} s; CPU stolen by the "
         f"hypervisor meanwhile {steal_seconds() - steal:.1f} s; "
         "load average %.2f %.2f %.2f" % os.getloadavg())
+
+
+def scope_of(name, comm, args):
+    """The context a round of `name` runs in: the timeline recording for
+    ``cb_tl``, a join no rank leaves for ``cb_join``, else none."""
+    if name == "cb_join":
+        return comm.join([])
+    return recording(comm, args.timeline if name == "cb_tl" else None)
 
 
 def recording(comm, path):
@@ -392,6 +406,8 @@ def mlp(args, comm, world, have_cb, say):
             methods["cb_fwd"] = with_forward_first
         if args.timeline:
             methods["cb_tl"] = with_cb
+        if args.join:
+            methods["cb_join"] = with_cb
 
     fb()                         # warm up: allocations, first-touch
     seq()
@@ -401,7 +417,7 @@ def mlp(args, comm, world, have_cb, say):
     for _ in range(args.rounds):
         for name, fn in methods.items():
             total = used = 0.0
-            with recording(comm, args.timeline if name == "cb_tl" else None):
+            with scope_of(name, comm, args):
                 for _ in range(args.iters):
                     world.Barrier()
                     start = time.perf_counter()
@@ -441,6 +457,9 @@ def mlp(args, comm, world, have_cb, say):
         if "cb_tl" in t:
             say("T_cb_tl/T_cb (timeline)".ljust(29)
                 + f"{t['cb_tl'] / t['cb']:6.3f}")
+        if "cb_join" in t:
+            say("T_cb_join/T_cb (comm.join())".ljust(29)
+                + f"{t['cb_join'] / t['cb']:6.3f}")
         if "cb_cc" in t:
             say("T_cb_cc/T_cb (nnabla's route)".ljust(29)
                 + f"{t['cb_cc'] / t['cb']:6.3f}")
