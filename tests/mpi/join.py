@@ -12,6 +12,9 @@ results are exact: an all_reduce of (rank + 1), an all_gather of the rank
 (zeros from the ranks that left) and a broadcast from the rank that trains
 longest.
 
+The callback modes train two epochs, each in a join scope of its own, the
+second with the ranks' step counts rotated.
+
 Modes (argv[1]):
   callback     all_reduce_callback through function_post_hook, Momentum
   cc           the same callback through nnabla's communicator_callbacks=
@@ -43,6 +46,17 @@ SOLVERS = ("solver", "fp16", "quantized")
 COMPRESSION = {"fp16": nncomm.Compression.fp16,
                "quantized": nncomm.Compression.quantized(
                    8, error_feedback=False)}
+
+
+def schedule(n, epoch):
+    """Steps of each rank in `epoch`: the second epoch's are rotated, so
+    another rank trains longest."""
+    return STEPS[n][epoch:] + STEPS[n][:epoch]
+
+
+def epochs(mode):
+    """Join scopes one after the other: two in the callback modes."""
+    return 2 if mode in ("callback", "cc") else 1
 
 
 def batch(rank, step):
@@ -80,20 +94,22 @@ def reference(mode, n, divide_by_initial, steps, start):
         p.d = value
     solver = make_solver(mode)
     solver.set_parameters(params)
-    for s in range(steps):
-        active = [r for r in range(n) if STEPS[n][r] > s]
-        grads = [gradients(x, t, loss, params, batch(r, s), passes)
-                 for r in active]
-        divisor = n if divide_by_initial else len(active)
-        for i, p in enumerate(params.values()):
-            p.g = sum(g[i] for g in grads) / divisor
-        solver.update()
+    for e in range(epochs(mode)):
+        for s in range(steps if steps is not None
+                       else max(schedule(n, e))):
+            active = [r for r in range(n) if schedule(n, e)[r] > s]
+            grads = [gradients(x, t, loss, params, batch(r, s), passes)
+                     for r in active]
+            divisor = n if divide_by_initial else len(active)
+            for i, p in enumerate(params.values()):
+                p.g = sum(g[i] for g in grads) / divisor
+            solver.update()
     return params, solver
 
 
-def metrics(comm, ck, n, s):
+def metrics(comm, ck, n, s, steps):
     """List collectives a training loop makes: exact results."""
-    active = [r for r in range(n) if STEPS[n][r] > s]
+    active = [r for r in range(n) if steps[r] > s]
     total = nd(np.full(3, comm.rank + 1, np.float32))
     comm.all_reduce([total], division=False)
     ck.array(total, np.full(3, sum(r + 1 for r in active), np.float32),
@@ -103,7 +119,7 @@ def metrics(comm, ck, n, s):
     for r in range(n):
         ck.array(gathered[r], np.full(2, r if r in active else 0, np.int32),
                  f"step {s}: all_gather block of rank {r}")
-    longest = int(np.argmax(STEPS[n]))
+    longest = int(np.argmax(steps))
     sent = nd(np.full(4, 100 + s, np.float64) if comm.rank == longest
               else np.zeros(4))
     comm.bcast([sent], longest)
@@ -129,13 +145,23 @@ def train(comm, ck, mode, n):
     solver.set_parameters(params)
     start = [p.d.copy() for p in params.values()]
     cb = comm.all_reduce_callback(grads, 40, division=True)
-    mine = STEPS[n][comm.rank]
+    raised = None
+    for e in range(epochs(mode)):
+        raised, join = train_epoch(comm, ck, mode, n, e, x, t, loss, solver,
+                                   cb, divide_by_initial, passes)
+    return params, solver, raised, join, start
+
+
+def train_epoch(comm, ck, mode, n, epoch, x, t, loss, solver, cb,
+                divide_by_initial, passes):
+    """One join scope: (InputsExhaustedError raised or None, the Join)."""
+    steps = schedule(n, epoch)
     raised = None
     try:
         with comm.join([solver], divide_by_initial_world_size=(
                 divide_by_initial),
                 throw_on_early_termination=mode.startswith("throw")) as join:
-            for s in range(mine):
+            for s in range(steps[comm.rank]):
                 xs, ts = batch(comm.rank, s)
                 if mode in SOLVERS:
                     solver.zero_grad()
@@ -160,18 +186,15 @@ def train(comm, ck, mode, n):
                         loss.backward(function_post_hook=cb)
                 solver.update()
                 if mode != "bmuf":
-                    metrics(comm, ck, n, s)
+                    metrics(comm, ck, n, s, steps)
     except nncomm.InputsExhaustedError as e:
         raised = e
-    return params, solver, raised, join, start
+    return raised, join
 
 
 def compare(ck, mode, n, params, solver, start):
     """Parameters and solver state against the reference schedule."""
-    if mode.startswith("throw"):
-        steps = min(STEPS[n])
-    else:
-        steps = max(STEPS[n])
+    steps = min(STEPS[n]) if mode.startswith("throw") else None
     ref_params, ref_solver = reference(mode, n, mode != "active", steps,
                                        start)
     tol = {"fp16": 2e-2, "quantized": 5e-2}.get(mode, 1e-5)
@@ -215,7 +238,8 @@ def main():
                 "rank")
     else:
         ck.true(raised is None, f"{mode}: no exception", repr(raised))
-        ck.equal(join.last_rank, int(np.argmax(STEPS[n])),
+        ck.equal(join.last_rank,
+                 int(np.argmax(schedule(n, epochs(mode) - 1))),
                  f"{mode}: the rank that trained last")
     if mode == "bmuf":
         # The model in the blocks' formula: every rank holds the same.
