@@ -628,9 +628,13 @@ void MpiTransport::forget_calls() {
 }
 
 namespace {
-// `*scratch` holding `bytes` zeros, at least, for a leaver's share.
+// `*scratch` beginning with `bytes` zeros, for a leaver's share; kept
+// from one operation to the next, so that it is allocated once.
 char *zeros(std::vector<char> *scratch, size_t bytes) {
-  scratch->assign(std::max<size_t>(bytes, 16), 0);
+  bytes = std::max<size_t>(bytes, 16);
+  if (scratch->size() < bytes)
+    scratch->resize(bytes);
+  std::memset(scratch->data(), 0, bytes);
   return scratch->data();
 }
 } // namespace

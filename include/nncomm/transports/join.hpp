@@ -7,9 +7,9 @@
 // operations (a ShadowOp) on every MpiTransport, before or while it waits
 // in it, and the leaver makes the same MPI calls from it.
 //
-// While nobody has left, a rank pays one MPI_Iprobe per operation and
-// per test of a wait that has not completed: no message, no extra
-// collective. The descriptions of recent operations are kept (a history
+// While nobody has left, a rank pays a lock per operation and one
+// MPI_Iprobe per 16 tests of a wait that has not completed: no message, no
+// extra collective. The descriptions of recent operations are kept (a history
 // per transport) because a rank can run ahead of one that has left
 // without noticing, in an operation that completes without it (the root
 // of a broadcast): once the leaver's notice comes, with the number of
@@ -73,11 +73,12 @@ public:
   static bool open() { return is_open(); }
 
   // Called by a transport as it begins `op`: keeps its description and
-  // sends it to the ranks that left (and what they missed).
+  // sends it to the ranks known to have left (and what they missed).
   static Status note(MpiTransport &t, const ShadowOp &op);
-  // Called by waits that have not completed: takes the other ranks'
-  // notices and sends the ranks that left what they miss. Fails, marking
-  // the process broken, once a rank reported that it cannot go on.
+  // Called by waits that have not completed (every 16th call takes
+  // messages): takes the other ranks' notices and sends the ranks that
+  // left what they miss. Fails, marking the process broken, once a rank
+  // reported that it cannot go on.
   static Status poll();
 
   // This rank's inputs ended after `steps` (the updates it made in the
