@@ -598,13 +598,7 @@ Status MpiTransport::same_everywhere(MPI_Comm comm, uint64_t value,
 
 Status MpiTransport::start_same(MPI_Comm comm, uint64_t *both,
                                 WorkPtr *work) {
-  return start_pieces(
-      "MPI_Iallreduce", 1,
-      [both, comm](size_t, MPI_Request *request) {
-        return MPI_Iallreduce(MPI_IN_PLACE, both, 2, MPI_UINT64_T, MPI_MAX,
-                              comm, request);
-      },
-      no_finish, work);
+  return start_word_round(comm, both, 2, MPI_UINT64_T, MPI_MAX, work);
 }
 
 Status MpiTransport::start_count(int64_t mine, int64_t *total,
@@ -612,12 +606,17 @@ Status MpiTransport::start_count(int64_t mine, int64_t *total,
   NNCOMM_RETURN_IF_ERROR(
       begin(described(ShadowOp::Kind::kCount, "count", 1, DType::kInt64)));
   *total = mine;
-  const MPI_Comm comm = comm_;
+  return start_word_round(comm_, total, 1, MPI_INT64_T, MPI_SUM, work);
+}
+
+Status MpiTransport::start_word_round(MPI_Comm comm, void *words, int count,
+                                      MPI_Datatype type, MPI_Op op,
+                                      WorkPtr *work) {
   return start_pieces(
       "MPI_Iallreduce", 1,
-      [total, comm](size_t, MPI_Request *request) {
-        return MPI_Iallreduce(MPI_IN_PLACE, total, 1, MPI_INT64_T, MPI_SUM,
-                              comm, request);
+      [=](size_t, MPI_Request *request) {
+        return MPI_Iallreduce(MPI_IN_PLACE, words, count, type, op, comm,
+                              request);
       },
       no_finish, work);
 }

@@ -112,6 +112,10 @@ private:
   Status same_everywhere(MPI_Comm comm, uint64_t value, bool *same);
   // Starts same_everywhere's round: `both` = {value, ~value}, maximized.
   Status start_same(MPI_Comm comm, uint64_t *both, WorkPtr *work);
+  // Starts an in-place all-reduce of a few `words` on `comm`, whose
+  // caller began the operation: the rounds of agreement and counting.
+  Status start_word_round(MPI_Comm comm, void *words, int count,
+                          MPI_Datatype type, MPI_Op op, WorkPtr *work);
 
   MPI_Comm comm_;
   const uint64_t id_;
