@@ -31,6 +31,10 @@ without the solver:
 - ``T_cb_fwd`` (with ``--priority``): ``T_cb`` with
   ``priority="forward"``, the plan's buckets sorted so that those the next
   forward needs first go out first;
+- ``T_cb_join`` (with ``--join``): ``T_cb`` inside ``comm.join()``, which
+  no rank leaves (opened before the round's steps, left after, neither
+  timed); ``T_cb_join/T_cb`` is what being ready for uneven inputs costs
+  while every rank still trains (goal: within 1 %);
 - ``T_cb_tl`` (with ``--timeline PATH``): ``T_cb``, the same callback on
   the same schedule, with the timeline recording (``comm.start_timeline``
   before the round's steps, ``stop_timeline`` after, neither timed); the
@@ -213,6 +217,8 @@ def main():
     parser.add_argument("--timeline", metavar="PATH",
                         help="also time T_cb_tl: T_cb with the timeline "
                         "recording into PATH")
+    parser.add_argument("--join", action="store_true",
+                        help="also time T_cb_join: T_cb inside comm.join()")
     parser.add_argument("--flight-recorder", action="store_true",
                         help="also time T_cb with the flight recorder off "
                              "(T_cb_nofr)")
@@ -264,6 +270,17 @@ def main():
         "load average %.2f %.2f %.2f" % os.getloadavg())
 
 
+def scope_of(name, comm, args):
+    """The context a round of `name` runs in: the timeline recording for
+    ``cb_tl``, a join no rank leaves for ``cb_join``, the flight recorder
+    off for ``cb_nofr``, else none."""
+    if name == "cb_join":
+        return comm.join([])
+    if name == "cb_nofr":
+        return flight_recording_off()
+    return recording(comm, args.timeline if name == "cb_tl" else None)
+
+
 def recording(comm, path):
     """A context in which the timeline records into `path` (None: a
     context that does nothing)."""
@@ -280,11 +297,8 @@ def recording(comm, path):
     return on()
 
 
-def flight_recording_off(off):
-    """A context in which the flight recorder records nothing (`off`
-    False: a context that does nothing)."""
-    if not off:
-        return contextlib.nullcontext()
+def flight_recording_off():
+    """A context in which the flight recorder records nothing."""
     from nncomm._nncomm import _set_flight_recording
 
     @contextlib.contextmanager
@@ -417,6 +431,8 @@ def mlp(args, comm, world, have_cb, say):
             methods["cb_fwd"] = with_forward_first
         if args.timeline:
             methods["cb_tl"] = with_cb
+        if args.join:
+            methods["cb_join"] = with_cb
         if args.flight_recorder:
             methods["cb_nofr"] = with_cb
 
@@ -428,8 +444,7 @@ def mlp(args, comm, world, have_cb, say):
     for _ in range(args.rounds):
         for name, fn in methods.items():
             total = used = 0.0
-            with recording(comm, args.timeline if name == "cb_tl" else None), \
-                    flight_recording_off(name == "cb_nofr"):
+            with scope_of(name, comm, args):
                 for _ in range(args.iters):
                     world.Barrier()
                     start = time.perf_counter()
@@ -472,6 +487,9 @@ def mlp(args, comm, world, have_cb, say):
         if "cb_nofr" in t:
             say("T_cb/T_cb_nofr (flight rec.)".ljust(29)
                 + f"{t['cb'] / t['cb_nofr']:6.3f}")
+        if "cb_join" in t:
+            say("T_cb_join/T_cb (comm.join())".ljust(29)
+                + f"{t['cb_join'] / t['cb']:6.3f}")
         if "cb_cc" in t:
             say("T_cb_cc/T_cb (nnabla's route)".ljust(29)
                 + f"{t['cb_cc'] / t['cb']:6.3f}")

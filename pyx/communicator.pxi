@@ -260,6 +260,69 @@ cdef class Communicator:
         self._world()
         return flight_record_dump(path)
 
+    # -- uneven inputs --------------------------------------------------------
+
+    def join(self, joinables=None, divide_by_initial_world_size=True,
+             throw_on_early_termination=False):
+        """A context manager for ranks whose data ends at different steps, as
+        PyTorch's ``Join``: a rank whose loop ends inside it keeps taking
+        part, with zeros, in every collective the other ranks still make
+        (callback buckets, solver reductions, metrics), until every rank's
+        has ended; then every rank takes the parameters and solver state of
+        the rank that trained last. See :class:`nncomm.Join`.
+
+        Args:
+            joinables (list): What to make the same on every rank at the
+                end: solvers (nnabla's, :class:`nncomm.DistributedSolver`,
+                :class:`nncomm.BlockMomentumSolver`: parameters and state)
+                and dicts of parameters; ``None``: nnabla's global
+                parameters.
+            divide_by_initial_world_size (bool): Averages divide by the
+                world size even once ranks have left (their zeros count), as
+                PyTorch's default; ``False``: by the ranks still training,
+                counted at each callback backward (one small all-reduce).
+            throw_on_early_termination (bool): Every rank raises
+                :class:`nncomm.InputsExhaustedError` at the first callback
+                backward after a rank's data ended (one small all-reduce per
+                backward), instead of going on without it.
+
+        Returns:
+            :class:`nncomm.Join`: enter it with ``with``.
+
+        Example:
+
+        .. code-block:: python
+
+            with comm.join([solver]):
+                for x, t in my_batches:   # fewer on some ranks
+                    loss.forward()
+                    solver.zero_grad()
+                    loss.backward(communicator_callbacks=cb)
+                    solver.update()
+        """
+        from nncomm.join import Join
+        return Join(self, joinables, divide_by_initial_world_size,
+                    throw_on_early_termination)
+
+    def _open_join(self, join):
+        """Opens `join`'s scope over the world group. Collective."""
+        cdef _Group world = self._world()
+        close_stopped_backwards("comm.join()")
+        open_join(world, join)
+
+    def _leave_join(self, uint64_t steps):
+        """This rank's data ended after `steps` updates: takes part in the
+        other ranks' collectives until every rank's has; (world rank that
+        trained last, whether the scope ended at a count that found a rank
+        gone)."""
+        close_stopped_backwards("the end of comm.join()")
+        return leave_join(steps)
+
+    def _close_join(self, why=None):
+        """Ends the join scope here; with `why`, the other ranks' waits
+        fail, naming it."""
+        close_join(why)
+
     # -- timeline -----------------------------------------------------------
 
     def start_timeline(self, path):

@@ -109,6 +109,8 @@ cdef extern from "nncomm/collectives/group.hpp" namespace "nncomm" nogil:
         int local_rank()
         void abort(int errorcode)
         Status barrier()
+        Status open_join(bool throw_early)
+        Status count_training(int* training)
         Status agree(uint64_t value, bool* same)
         Status allgather(const void* send, void* recv, size_t count,
                          DType dt)
@@ -161,6 +163,16 @@ cdef extern from "nncomm/observability/timeline.hpp" namespace "nncomm" nogil:
         Status start(const string& path, int rank)
         @staticmethod
         Status stop()
+
+
+cdef extern from "nncomm/transports/join.hpp" namespace "nncomm" nogil:
+    cdef cppclass Join:
+        @staticmethod
+        Status Leave(uint64_t steps, int* last, bool* terminated)
+        @staticmethod
+        void Abandon(const string& why)
+        @staticmethod
+        void Close()
 
 
 cdef extern from "nncomm/core/wait.hpp" namespace "nncomm" nogil:

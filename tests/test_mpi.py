@@ -372,3 +372,34 @@ def test_flight_recorder_off_writes_nothing(tmp_path):
     assert code != 0 and "make different calls" in out, out + err
     assert os.listdir(tmp_path) == []
     assert "flight record" not in err, err
+
+
+# comm.join(): ranks with 3, 5, 1 and 4 batches (tests/mpi/join.py) end
+# with the parameters and solver state of the reference schedule.
+@pytest.mark.parametrize("mode,n,checks", [
+    ("callback", 1, None), ("callback", 3, None), ("callback", 3, "1"),
+    ("cc", 2, None), ("active", 3, None), ("solver", 4, None),
+    ("fp16", 3, None), ("quantized", 3, None), ("bmuf", 3, None),
+    ("throw", 3, None), ("throw_cc", 2, None)])
+def test_join_uneven_inputs(mode, n, checks):
+    env = {"NNCOMM_TIMEOUT": "60"}
+    if checks is not None:
+        env["NNCOMM_CHECK_CALLS"] = checks
+    run_worker("join", n, [mode], env=env, timeout=120)
+
+
+@pytest.mark.parametrize("mode,message", [
+    ("bcast_left", "the ranks still training broadcast from world rank 1, "
+                   "whose data has ended"),
+    ("raise", "world rank 1 left comm.join() with ValueError: a bad batch "
+              "on rank 1")])
+def test_join_failure_raises_on_every_rank(mode, message):
+    code, out, err, seconds = run_job("join", 3, [mode],
+                                      env={"NNCOMM_TIMEOUT": "60"},
+                                      timeout=120)
+    assert code != 0, out
+    for rank in range(3):
+        assert f"world rank {rank} is aborting the job: {message}" in err \
+            or (mode == "raise" and rank == 1), err
+    assert err.count(message) >= 3, err
+    assert seconds < 30, seconds

@@ -19,6 +19,8 @@ _LAZY = {
     "BlockMomentumSolver": "nncomm.block_momentum",
     "CommunicatorError": "nncomm.errors",
     "DataParallelError": "nncomm.errors",
+    "InputsExhaustedError": "nncomm.errors",
+    "Join": "nncomm.join",
     "Compression": "nncomm.compression",
     "DistributedSolver": "nncomm.distributed_solver",
     "QuantizedReducer": "nncomm.quantized",

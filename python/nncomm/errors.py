@@ -21,3 +21,11 @@ class DataParallelError(BaseException):
     files. This exception passes through such wrappers and ends the job.
     The original exception is its ``__cause__``.
     """
+
+
+class InputsExhaustedError(RuntimeError):
+    """A rank's data ended inside
+    ``comm.join(throw_on_early_termination=True)``: raised on every rank at
+    the same backward (the first whose count of the ranks still training
+    found one gone), so that all stop together, as PyTorch's ``Join``
+    with the same option."""
