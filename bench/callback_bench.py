@@ -41,6 +41,11 @@ without the solver:
   ratio ``T_cb_tl/T_cb`` is the timeline's cost, and PATH is left holding
   the last round's timeline (that of the hook overhead below goes beside
   it, ``<stem>-tiny<ext>``).
+- ``T_cb_nofr`` (with ``--flight-recorder``): ``T_cb``, the same callback
+  on the same schedule, with the flight recorder not recording (switched
+  off for the round's steps, on again after); ``T_cb`` records (unless
+  ``NNCOMM_FLIGHT_RECORDER=0``), so the ratio ``T_cb/T_cb_nofr`` is the
+  recorder's cost (goal: at most 1.01).
 
 The callback's engine chooses on its first iterations whether to launch
 buckets as they become ready or all at the end of backward (``auto``, the
@@ -214,6 +219,9 @@ def main():
                         "recording into PATH")
     parser.add_argument("--join", action="store_true",
                         help="also time T_cb_join: T_cb inside comm.join()")
+    parser.add_argument("--flight-recorder", action="store_true",
+                        help="also time T_cb with the flight recorder off "
+                             "(T_cb_nofr)")
     parser.add_argument("--breakdown-steps", type=int, default=4,
                         help="steps of the T_cb breakdown (0: none)")
     parser.add_argument("--tiny-functions", type=int, default=1000)
@@ -264,9 +272,12 @@ def main():
 
 def scope_of(name, comm, args):
     """The context a round of `name` runs in: the timeline recording for
-    ``cb_tl``, a join no rank leaves for ``cb_join``, else none."""
+    ``cb_tl``, a join no rank leaves for ``cb_join``, the flight recorder
+    off for ``cb_nofr``, else none."""
     if name == "cb_join":
         return comm.join([])
+    if name == "cb_nofr":
+        return flight_recording_off()
     return recording(comm, args.timeline if name == "cb_tl" else None)
 
 
@@ -284,6 +295,20 @@ def recording(comm, path):
         finally:
             comm.stop_timeline()
     return on()
+
+
+def flight_recording_off():
+    """A context in which the flight recorder records nothing."""
+    from nncomm._nncomm import _set_flight_recording
+
+    @contextlib.contextmanager
+    def context():
+        _set_flight_recording(False)
+        try:
+            yield
+        finally:
+            _set_flight_recording(True)
+    return context()
 
 
 def link_check(count, world, say):
@@ -408,6 +433,8 @@ def mlp(args, comm, world, have_cb, say):
             methods["cb_tl"] = with_cb
         if args.join:
             methods["cb_join"] = with_cb
+        if args.flight_recorder:
+            methods["cb_nofr"] = with_cb
 
     fb()                         # warm up: allocations, first-touch
     seq()
@@ -457,6 +484,9 @@ def mlp(args, comm, world, have_cb, say):
         if "cb_tl" in t:
             say("T_cb_tl/T_cb (timeline)".ljust(29)
                 + f"{t['cb_tl'] / t['cb']:6.3f}")
+        if "cb_nofr" in t:
+            say("T_cb/T_cb_nofr (flight rec.)".ljust(29)
+                + f"{t['cb'] / t['cb_nofr']:6.3f}")
         if "cb_join" in t:
             say("T_cb_join/T_cb (comm.join())".ljust(29)
                 + f"{t['cb_join'] / t['cb']:6.3f}")

@@ -49,6 +49,7 @@ except ImportError:
 include "errors.pxi"
 include "dtypes.pxi"
 include "waits.pxi"
+include "flight_recorder.pxi"
 include "nnabla_adapter/ndarrays.pxi"
 include "gpu_arrays.pxi"
 include "placement.pxi"

@@ -82,6 +82,8 @@ cdef class Communicator:
 
     cdef _join_world(self):
         CHKSTATUS(validate())
+        flight_recorder_start(MPI.COMM_WORLD.Get_rank(),
+                              MPI.COMM_WORLD.Get_size())
         name_nccl_candidates()
         world = _Group(list(range(MPI.COMM_WORLD.Get_size())))
         cdef MPI_Comm comm = (<MPI.Comm>MPI.COMM_WORLD).ob_mpi
@@ -207,12 +209,56 @@ cdef class Communicator:
         """Blocks until every process of the world group has called it."""
         cdef _Group world = self._world()
         close_stopped_backwards("a barrier")
+        note_call_site()
         world.barrier()
+        end_call_site()
 
     def abort(self):
-        """Terminates every process of the MPI job."""
+        """Terminates every process of the MPI job, after writing this
+        rank's flight record (see :meth:`dump_flight_record`)."""
         cdef _Group world = self._world()
+        with nogil:
+            FlightRecorder.dump_after(b"comm.abort()")
         deref(world.core).abort(-1)
+
+    def dump_flight_record(self, path=None):
+        """Writes this rank's flight record, as PyTorch's flight recorder
+        dumps NCCL's: the last ``NNCOMM_FLIGHT_RECORDER`` (default 2000)
+        operations of each of this process's communicators (group and
+        callback engines), each with its position (the same on every rank
+        making the same calls), kind, the nncomm call it belongs to, sizes,
+        dtype, root, fingerprint, state (``enqueued``, ``started``,
+        ``completed``, ``failed``), times and the Python line that made it.
+        nncomm writes it by itself when a wait times out or first stalls,
+        when the ranks make different calls, before an abort, on a fatal
+        signal and on ``SIGUSR1``; ``python -m nncomm.flight DIR`` reads
+        every rank's file and names the rank that diverged first (see
+        :mod:`nncomm.flight`). Not collective: any rank may call it, at any
+        time.
+
+        Args:
+            path (str): The directory to write into, created if missing;
+                by default ``NNCOMM_FLIGHT_RECORDER_DIR``, else
+                ``nncomm-flight-<uid>`` in the temporary directory.
+
+        Returns:
+            str: The file written, ``nncomm-flight-<world rank>.json`` in
+            that directory; None where ``NNCOMM_FLIGHT_RECORDER=0`` (nothing
+            is recorded).
+
+        Example:
+
+        .. code-block:: python
+
+            try:
+                train()
+            except Exception:
+                # then, anywhere: python -m nncomm.flight flight
+                comm.dump_flight_record("flight")
+                raise
+        """
+        self._world()
+        return flight_record_dump(path)
 
     # -- uneven inputs --------------------------------------------------------
 
@@ -453,6 +499,7 @@ cdef class Communicator:
     cdef _Group _member(self, group):
         self._world()
         close_stopped_backwards("another nncomm call")
+        note_call_site()
         cdef _Group g = self._groups.get(group)
         if g is None:
             raise ValueError(

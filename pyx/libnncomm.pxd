@@ -142,6 +142,7 @@ cdef extern from "nncomm/observability/config.hpp" namespace "nncomm::config" no
     size_t chunk_bytes()
     const string& nccl_library()
     const string& timeline_path()
+    size_t flight_recorder_entries()
     enum class CallChecks(int):
         kOff
         kNew
@@ -180,3 +181,19 @@ cdef extern from "nncomm/core/wait.hpp" namespace "nncomm" nogil:
 
 cdef extern from "nncomm/core/broken_process.hpp" namespace "nncomm" nogil:
     void abort_if_broken()
+
+
+cdef extern from "nncomm/observability/flight_recorder.hpp" namespace "nncomm" nogil:
+    cdef cppclass FlightRecorder:
+        @staticmethod
+        void set_process(int world_rank, int world_size)
+        @staticmethod
+        void set_call_site(const char* site)
+        @staticmethod
+        void set_recording(bool on)
+        @staticmethod
+        Status dump(const string& dir, const string& reason, string* path)
+        @staticmethod
+        void dump_after(const string& reason)
+        @staticmethod
+        void install_signal_handlers()

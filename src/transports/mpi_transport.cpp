@@ -89,6 +89,7 @@ ShadowOp described(ShadowOp::Kind kind, const char *name, size_t count,
                    DType dt, int root = 0) {
   ShadowOp op;
   op.kind = kind;
+  op.name = name;
   op.dt = dt;
   op.count = count;
   op.root = root;
@@ -123,22 +124,32 @@ void abort_world(const char *reason) {
 class Pieces : public Work {
 public:
   // `inspector`: the transport's (null while it is being created); `at`:
-  // the operation, as begin() opened it.
+  // the operation, as begin() opened it, in `flight`.
   Pieces(StallInspector *inspector, const StallInspector::Position &at,
-         const char *call, size_t pieces)
-      : inspector_(inspector), at_(at), call_(call), pieces_(pieces) {}
+         FlightRecorder &flight, const char *call, size_t pieces)
+      : inspector_(inspector), at_(at), flight_(flight), call_(call),
+        pieces_(pieces) {}
 
-  Status begin() { return start_piece(); }
+  Status begin() {
+    NNCOMM_RETURN_IF_ERROR(start_piece());
+    flight_.started(at_.seq);
+    return Status::Ok();
+  }
 
   Status test(bool *done) override {
     *done = false;
     int complete = 0;
-    NNCOMM_MPI_CALL(MPI_Test, &request_, &complete, MPI_STATUS_IGNORE);
+    const int err = MPI_Test(&request_, &complete, MPI_STATUS_IGNORE);
+    if (err != MPI_SUCCESS) {
+      flight_.failed(at_.seq);
+      return mpi_failure(err, "MPI_Test");
+    }
     if (!complete)
       return Join::open() ? Join::poll() : Status::Ok();
     finish(piece_);
     if (++piece_ < pieces_)
       return start_piece();
+    flight_.completed(at_.seq);
     *done = true;
     return Status::Ok();
   }
@@ -171,13 +182,16 @@ private:
 
   Status start_piece() {
     const int err = start(piece_, &request_);
-    if (err != MPI_SUCCESS)
+    if (err != MPI_SUCCESS) {
+      flight_.failed(at_.seq);
       return mpi_failure(err, call_);
+    }
     return Status::Ok();
   }
 
   StallInspector *const inspector_;
   const StallInspector::Position at_;
+  FlightRecorder &flight_;
   const char *call_;
   const size_t pieces_;
   size_t piece_ = 0;
@@ -194,8 +208,9 @@ template <typename Start, typename Finish>
 class Calls final : public Pieces {
 public:
   Calls(StallInspector *inspector, const StallInspector::Position &at,
-        const char *call, size_t pieces, Start start, Finish finish)
-      : Pieces(inspector, at, call, pieces), start_(std::move(start)),
+        FlightRecorder &flight, const char *call, size_t pieces, Start start,
+        Finish finish)
+      : Pieces(inspector, at, flight, call, pieces), start_(std::move(start)),
         finish_(std::move(finish)) {}
 
 private:
@@ -239,7 +254,7 @@ template <typename Start, typename Finish>
 Status MpiTransport::start_pieces(const char *call, size_t pieces,
                                   Start start, Finish finish, WorkPtr *work) {
   std::unique_ptr<Pieces> started(
-      new Calls<Start, Finish>(inspector_.get(), at_, call, pieces,
+      new Calls<Start, Finish>(inspector_.get(), at_, flight_, call, pieces,
                                std::move(start), std::move(finish)));
   NNCOMM_RETURN_IF_ERROR(started->begin());
   *work = std::move(started);
@@ -251,6 +266,9 @@ Status MpiTransport::begin(const ShadowOp &op) {
   ++at_.seq;
   at_.fingerprint = op.fingerprint;
   at_.phase = op.phase;
+  flight_.enqueue(at_.seq,
+                  {op.name, op.count, op.dt, op.root, op.fingerprint},
+                  op.phase);
   return Join::open() ? Join::note(*this, op) : Status::Ok();
 }
 
@@ -261,6 +279,7 @@ Status MpiTransport::check_call(uint64_t signature, bool always) {
   // Every call since the last comparison is in `unchecked_`.
   ShadowOp op;
   op.kind = ShadowOp::Kind::kCheck;
+  op.name = "check";
   op.fingerprint = signature;
   op.phase = 1;
   NNCOMM_RETURN_IF_ERROR(begin(op));
@@ -268,12 +287,15 @@ Status MpiTransport::check_call(uint64_t signature, bool always) {
   NNCOMM_RETURN_IF_ERROR(same_everywhere(check_comm_, unchecked_, &same));
   unchecked_ = 0; // a difference is reported once
   if (!same) {
-    return Status::InvalidArgument(
+    const std::string message =
         "the ranks of this group make different calls (" +
         OperationLabel::current() +
         " here; different arguments: number, sizes, dtypes or order of the "
         "arrays, root or options, or another collective, now or since the "
-        "last call compared)");
+        "last call compared)";
+    flight_.failed(at_.seq);
+    FlightRecorder::dump_after(message);
+    return Status::InvalidArgument(message);
   }
   // Bounded: a program whose sizes never repeat compares again later.
   if (checked_.size() >= 4096)
@@ -347,7 +369,7 @@ Status MpiTransport::Init(MPI_Request *created) {
         begin(described(ShadowOp::Kind::kDuplicate, "create", 0,
                         DType::kInt64));
     if (status.ok()) {
-      Calls creation(inspector_.get(), at_, "MPI_Comm_idup", 1,
+      Calls creation(inspector_.get(), at_, flight_, "MPI_Comm_idup", 1,
                      [created](size_t, MPI_Request *request) {
                        *request = *created;
                        return MPI_SUCCESS;
@@ -383,6 +405,7 @@ Status MpiTransport::Init(MPI_Request *created) {
     MPI_Group_free(&world);
   if (err != MPI_SUCCESS)
     return mpi_failure(err, "MPI_Group_translate_ranks");
+  flight_.set_group(world_ranks);
   world_ranks_ = world_ranks;
   inspector_.reset(new StallInspector(comm_, rank_, std::move(world_ranks)));
   // Every member is here by now (the communicator is complete).

@@ -50,6 +50,7 @@ struct ShadowOp {
     kCount,     // Join::Count's round
   };
   Kind kind = Kind::kBarrier;
+  const char *name = nullptr; // a literal, naming it in flight records
   DType dt = DType::kInt64;
   uint64_t count = 0;
   int root = 0;

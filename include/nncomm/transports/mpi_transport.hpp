@@ -18,6 +18,7 @@
 
 #include <mpi.h>
 
+#include "nncomm/observability/flight_recorder.hpp"
 #include "nncomm/observability/stall_inspector.hpp"
 #include "nncomm/transports/join.hpp"
 #include "nncomm/transports/transport.hpp"
@@ -97,8 +98,9 @@ private:
   // `created`: the request completing the communicator, or null.
   Status Init(MPI_Request *created);
   // Opens the next operation, `op`, whose fingerprint (kind, count, dtype,
-  // root) the stall reports carry: fails at once after an earlier failed
-  // wait. Phase 1: the check of a call (check_call()).
+  // root) the stall reports carry and the flight recorder records (with
+  // the rest): fails at once after an earlier failed wait. Phase 1: the
+  // check of a call (check_call()).
   Status begin(const ShadowOp &op);
   // Starts the operation begin() opened, as `pieces` nonblocking `call`s,
   // each started once the one before has completed: `start(i, &request)`
@@ -130,6 +132,7 @@ private:
   // calls match.
   StallInspector::Position at_;
   std::unique_ptr<StallInspector> inspector_;
+  FlightRecorder flight_;
   // Signatures of calls compared across the ranks, and the fold of every
   // call's signature since the last comparison.
   std::unordered_set<uint64_t> checked_;
