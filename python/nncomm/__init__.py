@@ -19,6 +19,7 @@ _LAZY = {
     "BlockMomentumSolver": "nncomm.block_momentum",
     "CommunicatorError": "nncomm.errors",
     "DataParallelError": "nncomm.errors",
+    "NonFiniteGradientError": "nncomm.errors",
     "Compression": "nncomm.compression",
     "DistributedSolver": "nncomm.distributed_solver",
     "QuantizedReducer": "nncomm.quantized",
