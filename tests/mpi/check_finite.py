@@ -76,7 +76,8 @@ def main():
                 params[name].g.flat[0] = value
         return hook
 
-    def step(bad, checked=True, it=0):
+    def forward(it, bad):
+        """Step `it`'s forward, gradients zeroed (the unused one set)."""
         rng = np.random.default_rng(1000 * it + comm.rank)
         x.d = rng.standard_normal(x.shape)
         t.d = rng.standard_normal(t.shape)
@@ -86,6 +87,9 @@ def main():
         if unused is not None:
             unused.g = np.nan if bad.get(comm.rank, ("",))[0] == "unused" \
                 else comm.rank + 1.0
+
+    def step(bad, checked=True, it=0):
+        forward(it, bad)
         hook = inject(bad)
         if ROUTE == "solver":
             solver.zero_grad()
@@ -117,14 +121,7 @@ def main():
 
     def reference(it):
         """The numpy mean over the ranks of each rank's own gradients."""
-        rng = np.random.default_rng(1000 * it + comm.rank)
-        x.d = rng.standard_normal(x.shape)
-        t.d = rng.standard_normal(t.shape)
-        loss.forward()
-        for g in grads:
-            g.zero()
-        if unused is not None:
-            unused.g = comm.rank + 1.0
+        forward(it, {})
         loss.backward()
         every = world_gather(grads)
         return [np.sum([every[r][i] for r in range(comm.size)], axis=0,
