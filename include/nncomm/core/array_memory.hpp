@@ -41,11 +41,22 @@ public:
   // Host memory only, so far: elsewhere it fails.
   virtual Status pack_checked(const PackTable &table, void *message,
                               DType wire, float scale,
-                              std::vector<size_t> *nonfinite);
+                              std::vector<size_t> *nonfinite) {
+    return unchecked();
+  }
   // `*finite`: whether the `count` elements of `dt` at `p` hold no NaN and
   // no infinity. Host memory only, so far, as pack_checked().
   virtual Status check_finite(const void *p, size_t count, DType dt,
-                              bool *finite);
+                              bool *finite) {
+    return unchecked();
+  }
+
+private:
+  static Status unchecked() {
+    return Status::InvalidArgument(
+        "nncomm checks gradients for NaN and infinity (check_finite) in "
+        "host memory only, so far");
+  }
 };
 
 // Where a reduction's `scale` and `divisor` are applied to a message of
