@@ -35,12 +35,21 @@ without the solver:
   ``check_finite=True``, every gradient checked for NaN and infinity as it
   is packed (the same engine and schedule); the ratio ``T_cb_chk/T_cb`` is
   the check's cost (goal: at most 1.03);
+- ``T_cb_join`` (with ``--join``): ``T_cb`` inside ``comm.join()``, which
+  no rank leaves (opened before the round's steps, left after, neither
+  timed); ``T_cb_join/T_cb`` is what being ready for uneven inputs costs
+  while every rank still trains (goal: within 1 %);
 - ``T_cb_tl`` (with ``--timeline PATH``): ``T_cb``, the same callback on
   the same schedule, with the timeline recording (``comm.start_timeline``
   before the round's steps, ``stop_timeline`` after, neither timed); the
   ratio ``T_cb_tl/T_cb`` is the timeline's cost, and PATH is left holding
   the last round's timeline (that of the hook overhead below goes beside
   it, ``<stem>-tiny<ext>``).
+- ``T_cb_nofr`` (with ``--flight-recorder``): ``T_cb``, the same callback
+  on the same schedule, with the flight recorder not recording (switched
+  off for the round's steps, on again after); ``T_cb`` records (unless
+  ``NNCOMM_FLIGHT_RECORDER=0``), so the ratio ``T_cb/T_cb_nofr`` is the
+  recorder's cost (goal: at most 1.01).
 
 The callback's engine chooses on its first iterations whether to launch
 buckets as they become ready or all at the end of backward (``auto``, the
@@ -214,6 +223,11 @@ def main():
     parser.add_argument("--timeline", metavar="PATH",
                         help="also time T_cb_tl: T_cb with the timeline "
                         "recording into PATH")
+    parser.add_argument("--join", action="store_true",
+                        help="also time T_cb_join: T_cb inside comm.join()")
+    parser.add_argument("--flight-recorder", action="store_true",
+                        help="also time T_cb with the flight recorder off "
+                             "(T_cb_nofr)")
     parser.add_argument("--breakdown-steps", type=int, default=4,
                         help="steps of the T_cb breakdown (0: none)")
     parser.add_argument("--tiny-functions", type=int, default=1000)
@@ -262,6 +276,17 @@ def main():
         "load average %.2f %.2f %.2f" % os.getloadavg())
 
 
+def scope_of(name, comm, args):
+    """The context a round of `name` runs in: the timeline recording for
+    ``cb_tl``, a join no rank leaves for ``cb_join``, the flight recorder
+    off for ``cb_nofr``, else none."""
+    if name == "cb_join":
+        return comm.join([])
+    if name == "cb_nofr":
+        return flight_recording_off()
+    return recording(comm, args.timeline if name == "cb_tl" else None)
+
+
 def recording(comm, path):
     """A context in which the timeline records into `path` (None: a
     context that does nothing)."""
@@ -276,6 +301,20 @@ def recording(comm, path):
         finally:
             comm.stop_timeline()
     return on()
+
+
+def flight_recording_off():
+    """A context in which the flight recorder records nothing."""
+    from nncomm._nncomm import _set_flight_recording
+
+    @contextlib.contextmanager
+    def context():
+        _set_flight_recording(False)
+        try:
+            yield
+        finally:
+            _set_flight_recording(True)
+    return context()
 
 
 def link_check(count, world, say):
@@ -411,6 +450,10 @@ def mlp(args, comm, world, have_cb, say):
             methods["cb_fwd"] = with_forward_first
         if args.timeline:
             methods["cb_tl"] = with_cb
+        if args.join:
+            methods["cb_join"] = with_cb
+        if args.flight_recorder:
+            methods["cb_nofr"] = with_cb
 
     fb()                         # warm up: allocations, first-touch
     seq()
@@ -420,7 +463,7 @@ def mlp(args, comm, world, have_cb, say):
     for _ in range(args.rounds):
         for name, fn in methods.items():
             total = used = 0.0
-            with recording(comm, args.timeline if name == "cb_tl" else None):
+            with scope_of(name, comm, args):
                 for _ in range(args.iters):
                     world.Barrier()
                     start = time.perf_counter()
@@ -463,6 +506,12 @@ def mlp(args, comm, world, have_cb, say):
         if "cb_chk" in t:
             say("T_cb_chk/T_cb (check_finite)".ljust(29)
                 + f"{t['cb_chk'] / t['cb']:6.3f}")
+        if "cb_nofr" in t:
+            say("T_cb/T_cb_nofr (flight rec.)".ljust(29)
+                + f"{t['cb'] / t['cb_nofr']:6.3f}")
+        if "cb_join" in t:
+            say("T_cb_join/T_cb (comm.join())".ljust(29)
+                + f"{t['cb_join'] / t['cb']:6.3f}")
         if "cb_cc" in t:
             say("T_cb_cc/T_cb (nnabla's route)".ljust(29)
                 + f"{t['cb_cc'] / t['cb']:6.3f}")

@@ -82,6 +82,8 @@ cdef class Communicator:
 
     cdef _join_world(self):
         CHKSTATUS(validate())
+        flight_recorder_start(MPI.COMM_WORLD.Get_rank(),
+                              MPI.COMM_WORLD.Get_size())
         name_nccl_candidates()
         world = _Group(list(range(MPI.COMM_WORLD.Get_size())))
         cdef MPI_Comm comm = (<MPI.Comm>MPI.COMM_WORLD).ob_mpi
@@ -207,12 +209,119 @@ cdef class Communicator:
         """Blocks until every process of the world group has called it."""
         cdef _Group world = self._world()
         close_stopped_backwards("a barrier")
+        note_call_site()
         world.barrier()
+        end_call_site()
 
     def abort(self):
-        """Terminates every process of the MPI job."""
+        """Terminates every process of the MPI job, after writing this
+        rank's flight record (see :meth:`dump_flight_record`)."""
         cdef _Group world = self._world()
+        with nogil:
+            FlightRecorder.dump_after(b"comm.abort()")
         deref(world.core).abort(-1)
+
+    def dump_flight_record(self, path=None):
+        """Writes this rank's flight record, as PyTorch's flight recorder
+        dumps NCCL's: the last ``NNCOMM_FLIGHT_RECORDER`` (default 2000)
+        operations of each of this process's communicators (group and
+        callback engines), each with its position (the same on every rank
+        making the same calls), kind, the nncomm call it belongs to, sizes,
+        dtype, root, fingerprint, state (``enqueued``, ``started``,
+        ``completed``, ``failed``), times and the Python line that made it.
+        nncomm writes it by itself when a wait times out or first stalls,
+        when the ranks make different calls, before an abort, on a fatal
+        signal and on ``SIGUSR1``; ``python -m nncomm.flight DIR`` reads
+        every rank's file and names the rank that diverged first (see
+        :mod:`nncomm.flight`). Not collective: any rank may call it, at any
+        time.
+
+        Args:
+            path (str): The directory to write into, created if missing;
+                by default ``NNCOMM_FLIGHT_RECORDER_DIR``, else
+                ``nncomm-flight-<uid>`` in the temporary directory.
+
+        Returns:
+            str: The file written, ``nncomm-flight-<world rank>.json`` in
+            that directory; None where ``NNCOMM_FLIGHT_RECORDER=0`` (nothing
+            is recorded).
+
+        Example:
+
+        .. code-block:: python
+
+            try:
+                train()
+            except Exception:
+                # then, anywhere: python -m nncomm.flight flight
+                comm.dump_flight_record("flight")
+                raise
+        """
+        self._world()
+        return flight_record_dump(path)
+
+    # -- uneven inputs --------------------------------------------------------
+
+    def join(self, joinables=None, divide_by_initial_world_size=True,
+             throw_on_early_termination=False):
+        """A context manager for ranks whose data ends at different steps, as
+        PyTorch's ``Join``: a rank whose loop ends inside it keeps taking
+        part, with zeros, in every collective the other ranks still make
+        (callback buckets, solver reductions, metrics), until every rank's
+        has ended; then every rank takes the parameters and solver state of
+        the rank that trained last. See :class:`nncomm.Join`.
+
+        Args:
+            joinables (list): What to make the same on every rank at the
+                end: solvers (nnabla's, :class:`nncomm.DistributedSolver`,
+                :class:`nncomm.BlockMomentumSolver`: parameters and state)
+                and dicts of parameters; ``None``: nnabla's global
+                parameters.
+            divide_by_initial_world_size (bool): Averages divide by the
+                world size even once ranks have left (their zeros count), as
+                PyTorch's default; ``False``: by the ranks still training,
+                counted at each callback backward (one small all-reduce).
+            throw_on_early_termination (bool): Every rank raises
+                :class:`nncomm.InputsExhaustedError` at the first callback
+                backward after a rank's data ended (one small all-reduce per
+                backward), instead of going on without it.
+
+        Returns:
+            :class:`nncomm.Join`: enter it with ``with``.
+
+        Example:
+
+        .. code-block:: python
+
+            with comm.join([solver]):
+                for x, t in my_batches:   # fewer on some ranks
+                    loss.forward()
+                    solver.zero_grad()
+                    loss.backward(communicator_callbacks=cb)
+                    solver.update()
+        """
+        from nncomm.join import Join
+        return Join(self, joinables, divide_by_initial_world_size,
+                    throw_on_early_termination)
+
+    def _open_join(self, join):
+        """Opens `join`'s scope over the world group. Collective."""
+        cdef _Group world = self._world()
+        close_stopped_backwards("comm.join()")
+        open_join(world, join)
+
+    def _leave_join(self, uint64_t steps):
+        """This rank's data ended after `steps` updates: takes part in the
+        other ranks' collectives until every rank's has; (world rank that
+        trained last, whether the scope ended at a count that found a rank
+        gone)."""
+        close_stopped_backwards("the end of comm.join()")
+        return leave_join(steps)
+
+    def _close_join(self, why=None):
+        """Ends the join scope here; with `why`, the other ranks' waits
+        fail, naming it."""
+        close_join(why)
 
     # -- timeline -----------------------------------------------------------
 
@@ -390,6 +499,7 @@ cdef class Communicator:
     cdef _Group _member(self, group):
         self._world()
         close_stopped_backwards("another nncomm call")
+        note_call_site()
         cdef _Group g = self._groups.get(group)
         if g is None:
             raise ValueError(

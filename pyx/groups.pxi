@@ -12,7 +12,9 @@ cdef class _Group:
 
     cdef int check(self, Status status) except -1:
         """Raises `status`'s error, if any, after the advice of the group's
-        device path, if it was opened by the call."""
+        device path, if it was opened by the call; the call's site is no
+        longer recorded."""
+        end_call_site()
         if deref(self.core).has_advice():
             # Cython pushes no frame: 1 is the user's call.
             warnings.warn(deref(self.core).take_advice().decode(),

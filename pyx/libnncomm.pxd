@@ -116,6 +116,8 @@ cdef extern from "nncomm/collectives/group.hpp" namespace "nncomm" nogil:
         int local_rank()
         void abort(int errorcode)
         Status barrier()
+        Status open_join(bool throw_early)
+        Status count_training(int* training)
         Status agree(uint64_t value, bool* same)
         Status allgather(const void* send, void* recv, size_t count,
                          DType dt)
@@ -147,6 +149,7 @@ cdef extern from "nncomm/observability/config.hpp" namespace "nncomm::config" no
     size_t chunk_bytes()
     const string& nccl_library()
     const string& timeline_path()
+    size_t flight_recorder_entries()
     enum class CallChecks(int):
         kOff
         kNew
@@ -170,9 +173,35 @@ cdef extern from "nncomm/observability/timeline.hpp" namespace "nncomm" nogil:
         Status stop()
 
 
+cdef extern from "nncomm/transports/join.hpp" namespace "nncomm" nogil:
+    cdef cppclass Join:
+        @staticmethod
+        Status Leave(uint64_t steps, int* last, bool* terminated)
+        @staticmethod
+        void Abandon(const string& why)
+        @staticmethod
+        void Close()
+
+
 cdef extern from "nncomm/core/wait.hpp" namespace "nncomm" nogil:
     void set_interrupt_check(int (*check)() noexcept nogil)
 
 
 cdef extern from "nncomm/core/broken_process.hpp" namespace "nncomm" nogil:
     void abort_if_broken()
+
+
+cdef extern from "nncomm/observability/flight_recorder.hpp" namespace "nncomm" nogil:
+    cdef cppclass FlightRecorder:
+        @staticmethod
+        void set_process(int world_rank, int world_size)
+        @staticmethod
+        void set_call_site(const char* site)
+        @staticmethod
+        void set_recording(bool on)
+        @staticmethod
+        Status dump(const string& dir, const string& reason, string* path)
+        @staticmethod
+        void dump_after(const string& reason)
+        @staticmethod
+        void install_signal_handlers()

@@ -54,6 +54,6 @@ def test_reference_documents_the_public_api(site):
 
 def test_every_page_is_built(site):
     for page in ("index", "quickstart", "migrating", "callback", "groups",
-                 "failures", "reference", "api", "design", "performance"):
+                 "failures", "hangs", "reference", "api", "design", "performance"):
         assert (site / f"{page}.html").stat().st_size > 0, page
     assert (site / "_images" / "callback.svg").exists()

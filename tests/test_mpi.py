@@ -316,3 +316,104 @@ def test_timeline_of_a_job_that_died_merges_by_hand(tmp_path):
     for rank in range(2):
         names = {e["name"] for e in events if e["pid"] == rank}
         assert {"backward", "pack", "reduce", "unpack"} <= names, names
+
+
+# -- the flight recorder (NNCOMM_FLIGHT_RECORDER, python -m nncomm.flight) --
+
+def test_flight_record_on_request_and_on_sigusr1(tmp_path):
+    run_worker("flight_recorder", 2, ["request"], timeout=60,
+               env={"NNCOMM_FLIGHT_RECORDER_DIR": str(tmp_path)})
+    assert sorted(os.listdir(tmp_path)) == [
+        "asked", "nncomm-flight-0.json", "nncomm-flight-1.json"]
+
+
+# mode -> (the rank to blame, what the record of its call says): a rank
+# that skips one all_reduce, one that makes a bcast instead, one that
+# stops and leaves no record (a killed rank makes mpiexec end the job
+# within milliseconds, which leaves the others' records to chance: the
+# SIGUSR1 mpiexec sends them with -disable-auto-cleanup races the end).
+DIVERGING = {
+    "skip": (1, "in steps"),
+    "differ": (2, "bcast of 1 arrays"),
+    "stop": (2, None),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(DIVERGING))
+def test_flight_records_name_the_rank_that_diverged(mode, tmp_path):
+    from nncomm import flight
+    culprit, said = DIVERGING[mode]
+    code, out, err, seconds = run_job(
+        "flight_recorder", 3, [mode], timeout=60,
+        env={"NNCOMM_FLIGHT_RECORDER_DIR": str(tmp_path),
+             "NNCOMM_TIMEOUT": "3"})
+    assert code != 0, out + err
+    # The stall reports find the calls apart within seconds; the stopped
+    # rank's others time out after 3.
+    assert seconds < 3 + 5 + 15, seconds
+    files = sorted(os.listdir(tmp_path))
+    survivors = [r for r in range(3) if mode != "stop" or r != culprit]
+    assert files == [f"nncomm-flight-{r}.json" for r in survivors], \
+        (files, out + err)
+    dumps = flight.load(str(tmp_path))
+    analysis = flight.analyze(dumps)
+    assert flight.culprits(analysis) == [culprit], (analysis, out + err)
+    first = analysis.divergences[0]
+    assert first.group == [0, 1, 2] and first.channel == 0, first
+    # The others wait in the second all_reduce of 5 elements.
+    assert first.expected["call"] == "all_reduce of 1 arrays", first
+    assert first.waiting == [r for r in survivors if r != culprit], first
+    if mode == "stop":
+        assert first.no_record == [culprit], first
+    else:
+        assert said in flight.describe(first.different[culprit]), first
+    shown = subprocess.run([sys.executable, "-m", "nncomm.flight",
+                            str(tmp_path)], capture_output=True, text=True,
+                           timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert f"diverged first: world rank {culprit}\n" in shown.stdout, \
+        shown.stdout
+    assert len(shown.stdout.splitlines()) <= 25, shown.stdout
+
+
+def test_flight_recorder_off_writes_nothing(tmp_path):
+    off = {"NNCOMM_FLIGHT_RECORDER_DIR": str(tmp_path),
+           "NNCOMM_FLIGHT_RECORDER": "0"}
+    run_worker("flight_recorder", 2, ["request"], timeout=60, env=off)
+    code, out, err, _ = run_job(
+        "flight_recorder", 3, ["differ"], timeout=60,
+        env=dict(off, NNCOMM_TIMEOUT="3"))
+    assert code != 0 and "make different calls" in out, out + err
+    assert os.listdir(tmp_path) == []
+    assert "flight record" not in err, err
+
+
+# comm.join(): ranks with 3, 5, 1 and 4 batches (tests/mpi/join.py) end
+# with the parameters and solver state of the reference schedule.
+@pytest.mark.parametrize("mode,n,checks", [
+    ("callback", 1, None), ("callback", 3, None), ("callback", 3, "1"),
+    ("cc", 2, None), ("active", 3, None), ("solver", 4, None),
+    ("fp16", 3, None), ("quantized", 3, None), ("bmuf", 3, None),
+    ("throw", 3, None), ("throw_cc", 2, None)])
+def test_join_uneven_inputs(mode, n, checks):
+    env = {"NNCOMM_TIMEOUT": "60"}
+    if checks is not None:
+        env["NNCOMM_CHECK_CALLS"] = checks
+    run_worker("join", n, [mode], env=env, timeout=120)
+
+
+@pytest.mark.parametrize("mode,message", [
+    ("bcast_left", "the ranks still training broadcast from world rank 1, "
+                   "whose data has ended"),
+    ("raise", "world rank 1 left comm.join() with ValueError: a bad batch "
+              "on rank 1")])
+def test_join_failure_raises_on_every_rank(mode, message):
+    code, out, err, seconds = run_job("join", 3, [mode],
+                                      env={"NNCOMM_TIMEOUT": "60"},
+                                      timeout=120)
+    assert code != 0, out
+    for rank in range(3):
+        assert f"world rank {rank} is aborting the job: {message}" in err \
+            or (mode == "raise" and rank == 1), err
+    assert err.count(message) >= 3, err
+    assert seconds < 30, seconds

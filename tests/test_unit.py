@@ -1,9 +1,10 @@
 """The C++ unit tests (tests/unit/): the engine, the bucket runner on host memory, the
 list collectives, the launch tuner, the readiness counts, the waits,
-fail_together and the timeline, on an in-process fake transport, without MPI. The program is
-built once per session from tests/unit/ and the core's MPI-free sources;
-each C++ test runs in a process of its own, under the settings it is
-about where it has some (settings are read once per process)."""
+fail_together, the timeline and the flight recorder, on an in-process
+fake transport, without MPI. The program is built once per session from
+tests/unit/ and the core's MPI-free sources; each C++ test runs in a
+process of its own, under the settings it is about where it has some
+(settings are read once per process)."""
 import concurrent.futures
 import glob
 import os
@@ -24,6 +25,7 @@ CORE = ["src/core/engine.cpp", "src/core/bucket_runner.cpp",
         "src/transports/transport.cpp",
         "src/collectives/list_collectives.cpp", "src/host/elementwise.cpp",
         "src/host/huge_pages.cpp", "src/observability/config.cpp",
+        "src/observability/flight_recorder.cpp",
         "src/observability/timeline.cpp"]
 # -march=native: the vector float16 kernels are built where the processor
 # has F16C, as setup.py builds the modules.

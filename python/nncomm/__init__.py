@@ -20,6 +20,8 @@ _LAZY = {
     "CommunicatorError": "nncomm.errors",
     "DataParallelError": "nncomm.errors",
     "NonFiniteGradientError": "nncomm.errors",
+    "InputsExhaustedError": "nncomm.errors",
+    "Join": "nncomm.join",
     "Compression": "nncomm.compression",
     "DistributedSolver": "nncomm.distributed_solver",
     "QuantizedReducer": "nncomm.quantized",

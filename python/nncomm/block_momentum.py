@@ -218,6 +218,15 @@ class BlockMomentumSolver(SolverWrapper):
         self._pending = 0
         self._passes = 0
 
+    def _after_join(self, root):
+        """comm.join() ended: every rank takes group rank `root`'s model,
+        solver state and block (its start, update and samples so far)."""
+        super()._after_join(root)
+        self._count.fill(self._in_block)
+        self._comm.bcast(self._start + self._delta + [self._count], root,
+                         group=self._group)
+        self._in_block = int(self._count.data[0])
+
     def zero_grad(self):
         """Zeroes the gradients, and forgets the samples of the backward
         passes since the last update."""

@@ -23,6 +23,14 @@ class DataParallelError(BaseException):
     """
 
 
+class InputsExhaustedError(RuntimeError):
+    """A rank's data ended inside
+    ``comm.join(throw_on_early_termination=True)``: raised on every rank at
+    the same backward (the first whose count of the ranks still training
+    found one gone), so that all stop together, as PyTorch's ``Join``
+    with the same option."""
+
+
 class NonFiniteGradientError(FloatingPointError):
     """A gradient held a NaN or an infinity before it left its rank, with
     the check on (``check_finite=True`` or ``NNCOMM_CHECK_FINITE=1``).

@@ -61,6 +61,14 @@ class SolverWrapper:
         broadcast_solver_state(self._comm, self._solver, group=self._group)
         self._registered(params)
 
+    def _after_join(self, root):
+        """comm.join() ended (:class:`nncomm.Join`): every rank takes group
+        rank `root`'s parameters and solver state."""
+        broadcast_parameters(self._comm, self._solver.get_parameters(),
+                             root=root, group=self._group)
+        broadcast_solver_state(self._comm, self._solver, root=root,
+                               group=self._group)
+
     def _registered(self, params):
         """Takes note of `params` (name to Variable), now registered and the
         same on every rank."""

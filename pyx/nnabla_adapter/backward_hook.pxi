@@ -169,6 +169,7 @@ cdef class _Backward:
     cdef _Plan plan
     cdef BackwardCounts* counts
     cdef object thread
+    cdef int divisor  # the engine's: the group's size, or comm.join()'s
 
     cdef const Readiness* readiness(self):
         return &self.counts.readiness()
@@ -424,9 +425,10 @@ cdef class AllReduceCallback:
             plan = self._new_plan(graph.reached, sizes, codes, priorities)
             remember(self.state.plans, key, plan, _PLANS_BYTES,
                      operator.attrgetter("bytes"))
-        plan.begin(self.scale, len(self.group.ranks) if self.division else 1,
-                   self.check_finite)
+        cdef int divisor = joined_divisor(self.group, self.division)
+        plan.begin(self.scale, divisor, self.check_finite)
         cdef _Backward bw = _Backward.__new__(_Backward)
+        bw.divisor = divisor
         bw.owner = self
         bw.graph = graph
         bw.plan = plan
@@ -501,8 +503,9 @@ cdef class AllReduceCallback:
         try:
             all_reduce_list(self.group, [self.data[i]
                                          for i in bw.plan.unreached],
-                            self.context, self.division, self.scale,
-                            True)
+                            self.context, self.division,
+                            self.scale * len(self.group.ranks) / bw.divisor
+                            if self.division else self.scale, True)
         finally:
             bw.plan.check_finished(status, self.data, self.names,
                                    self.group.ranks)

@@ -65,6 +65,18 @@ Status Group::create_subgroup(const std::vector<int> &ranks,
   // first (a bounded wait) means no member can block in it for a rank
   // that never comes.
   NNCOMM_RETURN_IF_ERROR(transport_->barrier());
+  if (Join::open()) {
+    // A rank that left took part in the barrier: every rank knows it left.
+    for (int r : ranks) {
+      const int world_rank = transport_->world_ranks()[r];
+      if (Join::left(world_rank)) {
+        return Status::InvalidArgument(
+            "world rank " + std::to_string(world_rank) +
+            " left comm.join() (its data ended): groups with it cannot be "
+            "made until every rank has left the join");
+      }
+    }
+  }
   if (std::find(ranks.begin(), ranks.end(), rank()) == ranks.end())
     return Status::Ok();
   std::unique_ptr<MpiTransport> transport;
@@ -72,6 +84,16 @@ Status Group::create_subgroup(const std::vector<int> &ranks,
       MpiTransport::CreateGroup(*transport_, ranks, &transport));
   out->reset(new Group(std::move(transport), name));
   return Status::Ok();
+}
+
+Status Group::open_join(bool throw_early) {
+  NNCOMM_IN_TURN();
+  return Join::Open(*transport_, throw_early);
+}
+
+Status Group::count_training(int *training) {
+  NNCOMM_IN_TURN();
+  return Join::Count(*transport_, training);
 }
 
 Status Group::duplicate_transport(std::unique_ptr<MpiTransport> *out) {

@@ -7,6 +7,8 @@
 #include <mutex>
 #include <thread>
 
+#include "nncomm/observability/flight_recorder.hpp"
+
 namespace nncomm {
 
 namespace {
@@ -34,6 +36,8 @@ void mark_broken(const std::string &reason, bool abort_soon) {
       failure_reason = reason;
   }
   const bool first = !failed.exchange(true);
+  if (first)
+    FlightRecorder::dump_after(reason);
   if (abort_soon && first) {
     std::thread([] {
       std::this_thread::sleep_for(

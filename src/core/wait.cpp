@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "nncomm/observability/config.hpp"
+#include "nncomm/observability/flight_recorder.hpp"
 #include "nncomm/observability/timeline.hpp"
 
 namespace nncomm {
@@ -58,6 +59,8 @@ OperationLabel::OperationLabel(const char *format, size_t a, size_t b)
 }
 
 OperationLabel::~OperationLabel() { operation_label = previous_; }
+
+const OperationLabel *OperationLabel::innermost() { return operation_label; }
 
 std::string OperationLabel::current() {
   if (operation_label == nullptr)
@@ -121,6 +124,13 @@ Status wait_for(Work &work, bool warn, const Polling *polling) {
         return Status::InvalidArgument(message);
       }
       const double waited = std::chrono::duration<double>(now - start).count();
+      // Every stalled rank, not only the one that reports: the job may be
+      // killed before any wait times out.
+      if (stall > 0 && waited >= stall) {
+        FlightRecorder::dump_after_first_stall(
+            "stalled in " + OperationLabel::current() + " (" +
+            work.describe() + ")");
+      }
       const bool timed_out = timeout > 0 && waited >= timeout;
       if (timed_out || (warn && stall > 0 && now >= next_warning)) {
         const std::string what =

@@ -1,6 +1,7 @@
 #include "nncomm/observability/config.hpp"
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
@@ -28,17 +29,24 @@ Setting<T> refused(const char *name, T fallback, const char *expected) {
                         " (expected " + expected + ")"};
 }
 
-// A positive byte count.
-Setting<size_t> bytes(const char *name, size_t fallback) {
+// A whole number from `least` to `most`, `expected` saying so.
+Setting<size_t> count(const char *name, size_t fallback, size_t least,
+                      size_t most, const char *expected) {
   const char *v = env(name);
   if (v == nullptr)
     return {fallback};
   char *end = nullptr;
   errno = 0;
   const unsigned long long parsed = std::strtoull(v, &end, 10);
-  if (end == v || *end != '\0' || parsed == 0 || errno != 0 || *v == '-')
-    return refused(name, fallback, "a positive number of bytes");
+  if (end == v || *end != '\0' || errno != 0 || *v == '-' ||
+      parsed < least || parsed > most)
+    return refused(name, fallback, expected);
   return {static_cast<size_t>(parsed)};
+}
+
+// A positive byte count.
+Setting<size_t> bytes(const char *name, size_t fallback) {
+  return count(name, fallback, 1, SIZE_MAX, "a positive number of bytes");
 }
 
 // A number of seconds, 0 or more.
@@ -132,6 +140,10 @@ struct Settings {
   Setting<GpuTransport> gpu = gpu_choice("NNCOMM_GPU_TRANSPORT");
   Setting<std::string> nccl = text("NNCOMM_NCCL_LIBRARY");
   Setting<std::string> timeline = text("NNCOMM_TIMELINE");
+  // Bounded, so that a typo cannot ask every transport for gigabytes.
+  Setting<size_t> flight = count("NNCOMM_FLIGHT_RECORDER", 2000, 0, 1000000,
+                                 "0 (off) to 1000000 operations");
+  Setting<std::string> flight_dir = text("NNCOMM_FLIGHT_RECORDER_DIR");
 };
 
 const Settings &settings() {
@@ -146,8 +158,9 @@ Status validate() {
   std::string bad;
   for (const std::string *error :
        {&s.chunk.error, &s.direct.error, &s.huge_page.error, &s.check.error,
-        &s.finite.error, &s.launch_at.error, &s.poll.error, &s.timeout.error, &s.stall.error,
-        &s.fail_allocation.error, &s.gpu.error}) {
+        &s.finite.error, &s.launch_at.error, &s.poll.error, &s.timeout.error,
+        &s.stall.error, &s.fail_allocation.error, &s.gpu.error,
+        &s.flight.error}) {
     if (!error->empty())
       bad += (bad.empty() ? "" : "; ") + *error;
   }
@@ -171,6 +184,10 @@ size_t test_fail_allocation_bytes() {
 GpuTransport gpu_transport() { return settings().gpu.value; }
 const std::string &nccl_library() { return settings().nccl.value; }
 const std::string &timeline_path() { return settings().timeline.value; }
+size_t flight_recorder_entries() { return settings().flight.value; }
+const std::string &flight_recorder_dir() {
+  return settings().flight_dir.value;
+}
 
 } // namespace config
 } // namespace nncomm

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -82,16 +83,28 @@ size_t chunk_elements(DType dt) {
   return std::max<size_t>(1, std::min<size_t>(elems, INT_MAX));
 }
 
-// What the stall reports say a rank is doing: the same on every rank making
-// the same MPI call.
-uint64_t operation(const char *kind, size_t count, DType dt, int root = 0) {
-  return Fingerprint()
-      .add(kind)
-      .add(count)
-      .add(static_cast<uint64_t>(dt))
-      .add(static_cast<uint64_t>(root))
-      .value();
+// An operation as the stall reports (its fingerprint: the same on every
+// rank making the same MPI call) and Join's leavers (the rest) see it.
+ShadowOp described(ShadowOp::Kind kind, const char *name, size_t count,
+                   DType dt, int root = 0) {
+  ShadowOp op;
+  op.kind = kind;
+  op.name = name;
+  op.dt = dt;
+  op.count = count;
+  op.root = root;
+  op.fingerprint = Fingerprint()
+                       .add(name)
+                       .add(count)
+                       .add(static_cast<uint64_t>(dt))
+                       .add(static_cast<uint64_t>(root))
+                       .value();
+  return op;
 }
+
+// Root transports (of a Group made from an MPI communicator) are made in
+// the same order on every rank: their ordinal names them.
+std::atomic<uint64_t> roots_made{0};
 
 void abort_world(const char *reason) {
   int rank = -1;
@@ -111,22 +124,32 @@ void abort_world(const char *reason) {
 class Pieces : public Work {
 public:
   // `inspector`: the transport's (null while it is being created); `at`:
-  // the operation, as begin() opened it.
+  // the operation, as begin() opened it, in `flight`.
   Pieces(StallInspector *inspector, const StallInspector::Position &at,
-         const char *call, size_t pieces)
-      : inspector_(inspector), at_(at), call_(call), pieces_(pieces) {}
+         FlightRecorder &flight, const char *call, size_t pieces)
+      : inspector_(inspector), at_(at), flight_(flight), call_(call),
+        pieces_(pieces) {}
 
-  Status begin() { return start_piece(); }
+  Status begin() {
+    NNCOMM_RETURN_IF_ERROR(start_piece());
+    flight_.started(at_.seq);
+    return Status::Ok();
+  }
 
   Status test(bool *done) override {
     *done = false;
     int complete = 0;
-    NNCOMM_MPI_CALL(MPI_Test, &request_, &complete, MPI_STATUS_IGNORE);
+    const int err = MPI_Test(&request_, &complete, MPI_STATUS_IGNORE);
+    if (err != MPI_SUCCESS) {
+      flight_.failed(at_.seq);
+      return mpi_failure(err, "MPI_Test");
+    }
     if (!complete)
-      return Status::Ok();
+      return Join::open() ? Join::poll() : Status::Ok();
     finish(piece_);
     if (++piece_ < pieces_)
       return start_piece();
+    flight_.completed(at_.seq);
     *done = true;
     return Status::Ok();
   }
@@ -159,13 +182,16 @@ private:
 
   Status start_piece() {
     const int err = start(piece_, &request_);
-    if (err != MPI_SUCCESS)
+    if (err != MPI_SUCCESS) {
+      flight_.failed(at_.seq);
       return mpi_failure(err, call_);
+    }
     return Status::Ok();
   }
 
   StallInspector *const inspector_;
   const StallInspector::Position at_;
+  FlightRecorder &flight_;
   const char *call_;
   const size_t pieces_;
   size_t piece_ = 0;
@@ -182,8 +208,9 @@ template <typename Start, typename Finish>
 class Calls final : public Pieces {
 public:
   Calls(StallInspector *inspector, const StallInspector::Position &at,
-        const char *call, size_t pieces, Start start, Finish finish)
-      : Pieces(inspector, at, call, pieces), start_(std::move(start)),
+        FlightRecorder &flight, const char *call, size_t pieces, Start start,
+        Finish finish)
+      : Pieces(inspector, at, flight, call, pieces), start_(std::move(start)),
         finish_(std::move(finish)) {}
 
 private:
@@ -227,19 +254,22 @@ template <typename Start, typename Finish>
 Status MpiTransport::start_pieces(const char *call, size_t pieces,
                                   Start start, Finish finish, WorkPtr *work) {
   std::unique_ptr<Pieces> started(
-      new Calls<Start, Finish>(inspector_.get(), at_, call, pieces,
+      new Calls<Start, Finish>(inspector_.get(), at_, flight_, call, pieces,
                                std::move(start), std::move(finish)));
   NNCOMM_RETURN_IF_ERROR(started->begin());
   *work = std::move(started);
   return Status::Ok();
 }
 
-Status MpiTransport::begin(uint64_t fingerprint, uint64_t phase) {
+Status MpiTransport::begin(const ShadowOp &op) {
   NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
   ++at_.seq;
-  at_.fingerprint = fingerprint;
-  at_.phase = phase;
-  return Status::Ok();
+  at_.fingerprint = op.fingerprint;
+  at_.phase = op.phase;
+  flight_.enqueue(at_.seq,
+                  {op.name, op.count, op.dt, op.root, op.fingerprint},
+                  op.phase);
+  return Join::open() ? Join::note(*this, op) : Status::Ok();
 }
 
 Status MpiTransport::check_call(uint64_t signature, bool always) {
@@ -247,17 +277,25 @@ Status MpiTransport::check_call(uint64_t signature, bool always) {
   if (!always && checked_.count(signature) != 0)
     return Status::Ok();
   // Every call since the last comparison is in `unchecked_`.
-  NNCOMM_RETURN_IF_ERROR(begin(signature, 1));
+  ShadowOp op;
+  op.kind = ShadowOp::Kind::kCheck;
+  op.name = "check";
+  op.fingerprint = signature;
+  op.phase = 1;
+  NNCOMM_RETURN_IF_ERROR(begin(op));
   bool same = false;
   NNCOMM_RETURN_IF_ERROR(same_everywhere(check_comm_, unchecked_, &same));
   unchecked_ = 0; // a difference is reported once
   if (!same) {
-    return Status::InvalidArgument(
+    const std::string message =
         "the ranks of this group make different calls (" +
         OperationLabel::current() +
         " here; different arguments: number, sizes, dtypes or order of the "
         "arrays, root or options, or another collective, now or since the "
-        "last call compared)");
+        "last call compared)";
+    flight_.failed(at_.seq);
+    FlightRecorder::dump_after(message);
+    return Status::InvalidArgument(message);
   }
   // Bounded: a program whose sizes never repeat compares again later.
   if (checked_.size() >= 4096)
@@ -267,6 +305,20 @@ Status MpiTransport::check_call(uint64_t signature, bool always) {
 }
 
 Status MpiTransport::Create(MPI_Comm comm, std::unique_ptr<MpiTransport> *out) {
+  return Create(comm, Fingerprint().add("root").add(roots_made++).value(), out);
+}
+
+Status MpiTransport::Duplicate(std::unique_ptr<MpiTransport> *out) {
+  NNCOMM_RETURN_IF_ERROR(begin(described(ShadowOp::Kind::kDuplicate,
+                                         "duplicate", 0, DType::kInt64)));
+  return Create(comm_,
+                Fingerprint().add(id_).add("duplicate").add(duplicates_++)
+                    .value(),
+                out);
+}
+
+Status MpiTransport::Create(MPI_Comm comm, uint64_t id,
+                            std::unique_ptr<MpiTransport> *out) {
   NNCOMM_RETURN_IF_ERROR(refuse_if_broken());
   set_job_abort(abort_world);
   // Nonblocking, so that a rank that never comes cannot hold this one
@@ -274,7 +326,7 @@ Status MpiTransport::Create(MPI_Comm comm, std::unique_ptr<MpiTransport> *out) {
   MPI_Comm dup = MPI_COMM_NULL;
   MPI_Request request = MPI_REQUEST_NULL;
   NNCOMM_MPI_CALL(MPI_Comm_idup, comm, &dup, &request);
-  std::unique_ptr<MpiTransport> transport(new MpiTransport(dup));
+  std::unique_ptr<MpiTransport> transport(new MpiTransport(dup, id));
   NNCOMM_RETURN_IF_ERROR(transport->Init(&request));
   *out = std::move(transport);
   return Status::Ok();
@@ -298,7 +350,11 @@ Status MpiTransport::CreateGroup(const MpiTransport &parent,
   MPI_Group_free(&group);
   if (err != MPI_SUCCESS)
     return mpi_failure(err, "MPI_Comm_create_group");
-  std::unique_ptr<MpiTransport> transport(new MpiTransport(comm));
+  Fingerprint id;
+  id.add(parent.id_).add("group").add(parent.at_.seq);
+  for (int r : ranks)
+    id.add(static_cast<uint64_t>(r));
+  std::unique_ptr<MpiTransport> transport(new MpiTransport(comm, id.value()));
   NNCOMM_RETURN_IF_ERROR(transport->Init(nullptr));
   *out = std::move(transport);
   return Status::Ok();
@@ -308,9 +364,12 @@ Status MpiTransport::Init(MPI_Request *created) {
   if (created != nullptr) {
     // A communicator being created has no ranks to report stalls to yet.
     OperationLabel label("creating a communicator");
-    Status status = begin(operation("create", 0, DType::kInt64));
+    // Not a Join operation: its transport has no ranks yet.
+    Status status =
+        begin(described(ShadowOp::Kind::kDuplicate, "create", 0,
+                        DType::kInt64));
     if (status.ok()) {
-      Calls creation(inspector_.get(), at_, "MPI_Comm_idup", 1,
+      Calls creation(inspector_.get(), at_, flight_, "MPI_Comm_idup", 1,
                      [created](size_t, MPI_Request *request) {
                        *request = *created;
                        return MPI_SUCCESS;
@@ -346,6 +405,8 @@ Status MpiTransport::Init(MPI_Request *created) {
     MPI_Group_free(&world);
   if (err != MPI_SUCCESS)
     return mpi_failure(err, "MPI_Group_translate_ranks");
+  flight_.set_group(world_ranks);
+  world_ranks_ = world_ranks;
   inspector_.reset(new StallInspector(comm_, rank_, std::move(world_ranks)));
   // Every member is here by now (the communicator is complete).
   NNCOMM_MPI_CALL(MPI_Comm_dup, comm_, &check_comm_);
@@ -356,10 +417,13 @@ Status MpiTransport::Init(MPI_Request *created) {
   MPI_Comm_free(&node);
   if (err != MPI_SUCCESS)
     return mpi_failure(err, "MPI_Comm_rank");
+  created_seq_ = at_.seq;
+  Join::enroll(this);
   return Status::Ok();
 }
 
 MpiTransport::~MpiTransport() {
+  Join::withdraw(this);
   inspector_.reset();
   int finalized = 1;
   MPI_Finalized(&finalized);
@@ -374,7 +438,11 @@ Status MpiTransport::start_allreduce(void *buf, size_t count, DType dt,
                                      WorkPtr *work) {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
-  NNCOMM_RETURN_IF_ERROR(begin(operation("allreduce", count, dt)));
+  ShadowOp described_op =
+      described(ShadowOp::Kind::kAllreduce, "allreduce", count, dt);
+  described_op.scale = scale;
+  described_op.divisor = divisor;
+  NNCOMM_RETURN_IF_ERROR(begin(described_op));
   const size_t bytes = count * dtype_size(dt);
   if (bytes >= config::huge_page_bytes())
     prefer_huge_pages(buf, bytes);
@@ -406,7 +474,10 @@ Status MpiTransport::start_reduce(void *buf, size_t count, DType dt, int root,
                                   int divisor, WorkPtr *work) {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
-  NNCOMM_RETURN_IF_ERROR(begin(operation("reduce", count, dt, root)));
+  ShadowOp described_op =
+      described(ShadowOp::Kind::kReduce, "reduce", count, dt, root);
+  described_op.divisor = divisor;
+  NNCOMM_RETURN_IF_ERROR(begin(described_op));
   const bool is_root = rank_ == root;
   const size_t step = chunk_elements(dt);
   char *base = static_cast<char *>(buf);
@@ -432,7 +503,8 @@ Status MpiTransport::start_reduce(void *buf, size_t count, DType dt, int root,
 
 Status MpiTransport::start_bcast(void *buf, size_t count, DType dt, int root,
                                  WorkPtr *work) {
-  NNCOMM_RETURN_IF_ERROR(begin(operation("bcast", count, dt, root)));
+  NNCOMM_RETURN_IF_ERROR(
+      begin(described(ShadowOp::Kind::kBcast, "bcast", count, dt, root)));
   const MPI_Comm comm = comm_;
   const auto call = [=](size_t, MPI_Request *request) {
     return MPI_Ibcast_c(buf, static_cast<MPI_Count>(count), mpi_type(dt), root,
@@ -443,7 +515,8 @@ Status MpiTransport::start_bcast(void *buf, size_t count, DType dt, int root,
 
 Status MpiTransport::start_allgather(const void *send, void *recv,
                                      size_t count, DType dt, WorkPtr *work) {
-  NNCOMM_RETURN_IF_ERROR(begin(operation("allgather", count, dt)));
+  NNCOMM_RETURN_IF_ERROR(
+      begin(described(ShadowOp::Kind::kAllgather, "allgather", count, dt)));
   const MPI_Comm comm = comm_;
   const auto call = [=](size_t, MPI_Request *request) {
     return MPI_Iallgather_c(send, static_cast<MPI_Count>(count), mpi_type(dt),
@@ -458,7 +531,10 @@ Status MpiTransport::start_reduce_scatter(const void *send, void *recv,
                                           WorkPtr *work) {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
-  NNCOMM_RETURN_IF_ERROR(begin(operation("reduce_scatter", count, dt)));
+  ShadowOp described_op = described(ShadowOp::Kind::kReduceScatter,
+                                   "reduce_scatter", count, dt);
+  described_op.divisor = divisor;
+  NNCOMM_RETURN_IF_ERROR(begin(described_op));
   const MPI_Comm comm = comm_;
   return start_pieces(
       "MPI_Ireduce_scatter_block_c", 1,
@@ -479,7 +555,12 @@ Status MpiTransport::start_alltoallv(const void *send,
                                      const Blocks &recv_blocks, DType dt,
                                      WorkPtr *work) {
   // The counts differ from rank to rank; the ranks' number does not.
-  NNCOMM_RETURN_IF_ERROR(begin(operation("alltoallv", size_, dt)));
+  ShadowOp op = described(ShadowOp::Kind::kAlltoallv, "alltoallv", size_, dt);
+  if (Join::open()) {
+    op.counts.assign(send_blocks.counts.begin(), send_blocks.counts.end());
+    op.from.assign(recv_blocks.counts.begin(), recv_blocks.counts.end());
+  }
+  NNCOMM_RETURN_IF_ERROR(begin(op));
   const MPI_Comm comm = comm_;
   const auto call = [=, from = MpiBlocks(send_blocks),
                      to = MpiBlocks(recv_blocks)](size_t,
@@ -496,7 +577,11 @@ Status MpiTransport::start_allgatherv(const void *send, size_t count,
                                       DType dt, WorkPtr *work) {
   const size_t total = std::accumulate(blocks.counts.begin(),
                                        blocks.counts.end(), size_t(0));
-  NNCOMM_RETURN_IF_ERROR(begin(operation("allgatherv", total, dt)));
+  ShadowOp op =
+      described(ShadowOp::Kind::kAllgatherv, "allgatherv", total, dt);
+  if (Join::open())
+    op.counts.assign(blocks.counts.begin(), blocks.counts.end());
+  NNCOMM_RETURN_IF_ERROR(begin(op));
   const MPI_Comm comm = comm_;
   const auto call = [=, to = MpiBlocks(blocks)](size_t,
                                                 MPI_Request *request) {
@@ -508,7 +593,8 @@ Status MpiTransport::start_allgatherv(const void *send, size_t count,
 }
 
 Status MpiTransport::start_barrier(WorkPtr *work) {
-  NNCOMM_RETURN_IF_ERROR(begin(operation("barrier", 0, DType::kInt64)));
+  NNCOMM_RETURN_IF_ERROR(begin(
+      described(ShadowOp::Kind::kBarrier, "barrier", 0, DType::kInt64)));
   const MPI_Comm comm = comm_;
   const auto call = [=](size_t, MPI_Request *request) {
     return MPI_Ibarrier(comm, request);
@@ -517,7 +603,8 @@ Status MpiTransport::start_barrier(WorkPtr *work) {
 }
 
 Status MpiTransport::agree(uint64_t value, bool *same) {
-  NNCOMM_RETURN_IF_ERROR(begin(operation("agree", 2, DType::kInt64)));
+  NNCOMM_RETURN_IF_ERROR(
+      begin(described(ShadowOp::Kind::kAgree, "agree", 2, DType::kInt64)));
   return same_everywhere(comm_, value, same);
 }
 
@@ -525,16 +612,134 @@ Status MpiTransport::same_everywhere(MPI_Comm comm, uint64_t value,
                                      bool *same) {
   // max(v) == v and max(~v) == ~v hold on every rank only if all v agree.
   uint64_t both[2] = {value, ~value};
-  Calls round(inspector_.get(), at_, "MPI_Iallreduce", 1,
-              [&both, comm](size_t, MPI_Request *request) {
-                return MPI_Iallreduce(MPI_IN_PLACE, both, 2, MPI_UINT64_T,
-                                      MPI_MAX, comm, request);
-              },
-              no_finish);
-  NNCOMM_RETURN_IF_ERROR(round.begin());
-  NNCOMM_RETURN_IF_ERROR(wait_for(round, rank_ == 0, nullptr));
+  WorkPtr round;
+  NNCOMM_RETURN_IF_ERROR(start_same(comm, both, &round));
+  NNCOMM_RETURN_IF_ERROR(wait_for(*round, rank_ == 0, nullptr));
   *same = both[0] == value && both[1] == ~value;
   return Status::Ok();
+}
+
+Status MpiTransport::start_same(MPI_Comm comm, uint64_t *both,
+                                WorkPtr *work) {
+  return start_word_round(comm, both, 2, MPI_UINT64_T, MPI_MAX, work);
+}
+
+Status MpiTransport::start_count(int64_t mine, int64_t *total,
+                                 WorkPtr *work) {
+  NNCOMM_RETURN_IF_ERROR(
+      begin(described(ShadowOp::Kind::kCount, "count", 1, DType::kInt64)));
+  *total = mine;
+  return start_word_round(comm_, total, 1, MPI_INT64_T, MPI_SUM, work);
+}
+
+Status MpiTransport::start_word_round(MPI_Comm comm, void *words, int count,
+                                      MPI_Datatype type, MPI_Op op,
+                                      WorkPtr *work) {
+  return start_pieces(
+      "MPI_Iallreduce", 1,
+      [=](size_t, MPI_Request *request) {
+        return MPI_Iallreduce(MPI_IN_PLACE, words, count, type, op, comm,
+                              request);
+      },
+      no_finish, work);
+}
+
+void MpiTransport::forget_calls() {
+  checked_.clear();
+  unchecked_ = 0;
+}
+
+namespace {
+// `*scratch` beginning with `bytes` zeros, for a leaver's share; kept
+// from one operation to the next, so that it is allocated once.
+char *zeros(std::vector<char> *scratch, size_t bytes) {
+  bytes = std::max<size_t>(bytes, 16);
+  if (scratch->size() < bytes)
+    scratch->resize(bytes);
+  std::memset(scratch->data(), 0, bytes);
+  return scratch->data();
+}
+} // namespace
+
+Status MpiTransport::start_shadow(const ShadowOp &op,
+                                  std::vector<char> *scratch, WorkPtr *work) {
+  using Kind = ShadowOp::Kind;
+  const size_t size = dtype_size(op.dt);
+  const size_t n = static_cast<size_t>(size_);
+  switch (op.kind) {
+  case Kind::kAllreduce:
+    return start_allreduce(zeros(scratch, op.count * size), op.count, op.dt,
+                           op.scale, op.divisor, work);
+  case Kind::kReduce:
+    return start_reduce(zeros(scratch, op.count * size), op.count, op.dt,
+                        op.root, op.divisor, work);
+  case Kind::kBcast:
+    if (op.root == rank_) {
+      return Status::InvalidArgument(
+          "the ranks still training broadcast from world rank " +
+          std::to_string(world_ranks_[rank_]) +
+          ", whose data has ended (it left comm.join()); broadcast from a "
+          "rank still training");
+    }
+    return start_bcast(zeros(scratch, op.count * size), op.count, op.dt,
+                       op.root, work);
+  case Kind::kAllgather: {
+    char *buf = zeros(scratch, (n + 1) * op.count * size);
+    return start_allgather(buf, buf + op.count * size, op.count, op.dt, work);
+  }
+  case Kind::kReduceScatter: {
+    char *buf = zeros(scratch, (n + 1) * op.count * size);
+    return start_reduce_scatter(buf, buf + n * op.count * size, op.count,
+                                op.dt, op.divisor, work);
+  }
+  case Kind::kAllgatherv: {
+    if (op.counts.size() != n)
+      break;
+    Blocks blocks = Blocks::packed(
+        std::vector<size_t>(op.counts.begin(), op.counts.end()));
+    const size_t mine = op.counts[rank_];
+    char *buf = zeros(scratch, (blocks.extent() + mine) * size);
+    return start_allgatherv(buf + blocks.extent() * size, mine, buf, blocks,
+                            op.dt, work);
+  }
+  case Kind::kAlltoallv: {
+    // `counts` and `from` are, per rank, what it sends to this one and
+    // receives from it (Join gathers them from every rank still training).
+    if (op.counts.size() != n || op.from.size() != n)
+      break;
+    Blocks to_send = Blocks::packed(
+        std::vector<size_t>(op.from.begin(), op.from.end()));
+    Blocks to_receive = Blocks::packed(
+        std::vector<size_t>(op.counts.begin(), op.counts.end()));
+    const size_t sent = to_send.extent() * size;
+    char *buf = zeros(scratch, sent + to_receive.extent() * size);
+    return start_alltoallv(buf, to_send, buf + sent, to_receive, op.dt, work);
+  }
+  case Kind::kBarrier:
+    return start_barrier(work);
+  case Kind::kAgree:
+  case Kind::kCheck: {
+    // Zeros leave every rank's maximum as it is: the comparison is among
+    // the ranks still training.
+    NNCOMM_RETURN_IF_ERROR(begin(op));
+    uint64_t *both = reinterpret_cast<uint64_t *>(zeros(scratch, 16));
+    return start_same(op.kind == Kind::kAgree ? comm_ : check_comm_, both,
+                      work);
+  }
+  case Kind::kCount: {
+    int64_t *total = reinterpret_cast<int64_t *>(zeros(scratch, 8));
+    return start_count(0, total, work);
+  }
+  case Kind::kDuplicate:
+    return Status::InvalidArgument(
+        "the ranks still training make a new communicator (a new callback "
+        "engine or GPU path) after world rank " +
+        std::to_string(world_ranks_[rank_]) +
+        " left comm.join(); make callbacks before the data ends, so that "
+        "every rank has them");
+  }
+  return Status::InvalidArgument("an operation of the ranks still training "
+                                 "is described inconsistently");
 }
 
 void MpiTransport::abort(int errorcode) const { MPI_Abort(comm_, errorcode); }

@@ -80,6 +80,10 @@ public:
   void abort(int errorcode) const { transport_->abort(errorcode); }
 
   Status barrier();
+  // Opens a join scope over this group's ranks (join.hpp). Collective.
+  Status open_join(bool throw_early);
+  // Join::Count on this group: `*training`, the ranks still training.
+  Status count_training(int *training);
   // Sets `*same` to whether every rank passed the same `value`.
   Status agree(uint64_t value, bool *same);
   Status allgather(const void *send, void *recv, size_t count, DType dt);

@@ -50,6 +50,12 @@ public:
   explicit OperationLabel(const char *format, size_t a = 0, size_t b = 0);
   ~OperationLabel();
   static std::string current();
+  // This thread's innermost label, or null (the flight recorder keeps its
+  // parts, to format only when it writes them out).
+  static const OperationLabel *innermost();
+  const char *format() const { return format_; }
+  size_t a() const { return a_; }
+  size_t b() const { return b_; }
 
 private:
   const char *format_;

@@ -82,6 +82,14 @@ const std::string &nccl_library();
 // NNCOMM_TIMELINE.
 const std::string &timeline_path();
 
+// Operations each transport's flight recorder keeps (flight_recorder.hpp);
+// 0: none recorded, no dump. NNCOMM_FLIGHT_RECORDER, default 2000.
+size_t flight_recorder_entries();
+
+// The directory flight records are written to; "" (unset): the
+// recorder's default. NNCOMM_FLIGHT_RECORDER_DIR.
+const std::string &flight_recorder_dir();
+
 // For tests of local failures: staging and fusion buffers of this many
 // bytes or more fail to allocate; 0 (the default): never.
 // NNCOMM_TEST_FAIL_ALLOCATION.

@@ -18,7 +18,9 @@
 
 #include <mpi.h>
 
+#include "nncomm/observability/flight_recorder.hpp"
 #include "nncomm/observability/stall_inspector.hpp"
+#include "nncomm/transports/join.hpp"
 #include "nncomm/transports/transport.hpp"
 
 namespace nncomm {
@@ -35,10 +37,8 @@ public:
                             std::unique_ptr<MpiTransport> *out);
   // A transport over a new duplicate of this one's communicator, for a
   // thread that must not interleave its collectives with others' on this
-  // one. Collective over this transport's ranks.
-  Status Duplicate(std::unique_ptr<MpiTransport> *out) const {
-    return Create(comm_, out);
-  }
+  // one. Collective over this transport's ranks: an operation of this one.
+  Status Duplicate(std::unique_ptr<MpiTransport> *out);
   ~MpiTransport() override;
   MpiTransport(const MpiTransport &) = delete;
   MpiTransport &operator=(const MpiTransport &) = delete;
@@ -72,14 +72,36 @@ public:
   // Ends the whole job: MPI_Abort on this communicator.
   void abort(int errorcode) const;
 
+  // For Join (join.hpp). The same on every rank: `id` names the transport
+  // (by how it was made), `seq` counts its operations.
+  uint64_t id() const { return id_; }
+  uint64_t seq() const { return at_.seq; }
+  uint64_t created_seq() const { return created_seq_; }
+  // The world rank of each rank of the transport.
+  const std::vector<int> &world_ranks() const { return world_ranks_; }
+  // Starts `op`, which the ranks still training described, as a rank that
+  // has left: zeros in, results dropped in `*scratch`.
+  Status start_shadow(const ShadowOp &op, std::vector<char> *scratch,
+                      WorkPtr *work);
+  // Starts Join::Count's round: every rank adds `mine` into `*total`.
+  Status start_count(int64_t mine, int64_t *total, WorkPtr *work);
+  // Forgets which calls were compared (after a join, whose leavers did
+  // not make the others' calls).
+  void forget_calls();
+
 private:
-  explicit MpiTransport(MPI_Comm comm) : comm_(comm) {}
+  friend class Join; // Open() duplicates the communicator for its messages
+
+  MpiTransport(MPI_Comm comm, uint64_t id) : comm_(comm), id_(id) {}
+  static Status Create(MPI_Comm comm, uint64_t id,
+                       std::unique_ptr<MpiTransport> *out);
   // `created`: the request completing the communicator, or null.
   Status Init(MPI_Request *created);
-  // Opens the next operation, whose `fingerprint` (kind, count, dtype,
-  // root) the stall reports carry: fails at once after an earlier failed
-  // wait. `phase` 1: the check of a call (check_call()).
-  Status begin(uint64_t fingerprint, uint64_t phase = 0);
+  // Opens the next operation, `op`, whose fingerprint (kind, count, dtype,
+  // root) the stall reports carry and the flight recorder records (with
+  // the rest): fails at once after an earlier failed wait. Phase 1: the
+  // check of a call (check_call()).
+  Status begin(const ShadowOp &op);
   // Starts the operation begin() opened, as `pieces` nonblocking `call`s,
   // each started once the one before has completed: `start(i, &request)`
   // starts piece i's, returning MPI's error code, and `finish(i)` runs
@@ -90,8 +112,18 @@ private:
   // Sets `*same` to whether every rank passed the same `value`, compared
   // on `comm` (this transport's, or the one kept for check_call()).
   Status same_everywhere(MPI_Comm comm, uint64_t value, bool *same);
+  // Starts same_everywhere's round: `both` = {value, ~value}, maximized.
+  Status start_same(MPI_Comm comm, uint64_t *both, WorkPtr *work);
+  // Starts an in-place all-reduce of a few `words` on `comm`, whose
+  // caller began the operation: the rounds of agreement and counting.
+  Status start_word_round(MPI_Comm comm, void *words, int count,
+                          MPI_Datatype type, MPI_Op op, WorkPtr *work);
 
   MPI_Comm comm_;
+  const uint64_t id_;
+  uint64_t created_seq_ = 0;
+  uint64_t duplicates_ = 0; // made by Duplicate(): the next one's id
+  std::vector<int> world_ranks_;
   int rank_ = 0;
   int size_ = 0;
   int local_rank_ = 0;
@@ -100,6 +132,7 @@ private:
   // calls match.
   StallInspector::Position at_;
   std::unique_ptr<StallInspector> inspector_;
+  FlightRecorder flight_;
   // Signatures of calls compared across the ranks, and the fold of every
   // call's signature since the last comparison.
   std::unordered_set<uint64_t> checked_;
