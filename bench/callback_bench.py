@@ -31,6 +31,10 @@ without the solver:
 - ``T_cb_fwd`` (with ``--priority``): ``T_cb`` with
   ``priority="forward"``, the plan's buckets sorted so that those the next
   forward needs first go out first;
+- ``T_cb_chk`` (with ``--check-finite``): ``T_cb`` with
+  ``check_finite=True``, every gradient checked for NaN and infinity as it
+  is packed (the same engine and schedule); the ratio ``T_cb_chk/T_cb`` is
+  the check's cost (goal: at most 1.03);
 - ``T_cb_join`` (with ``--join``): ``T_cb`` inside ``comm.join()``, which
   no rank leaves (opened before the round's steps, left after, neither
   timed); ``T_cb_join/T_cb`` is what being ready for uneven inputs costs
@@ -214,6 +218,8 @@ def main():
                         help="skip T_cb_new (a new callback every step)")
     parser.add_argument("--priority", action="store_true",
                         help="also time T_cb_fwd (priority='forward')")
+    parser.add_argument("--check-finite", action="store_true",
+                        help="also time T_cb_chk (check_finite=True)")
     parser.add_argument("--timeline", metavar="PATH",
                         help="also time T_cb_tl: T_cb with the timeline "
                         "recording into PATH")
@@ -357,6 +363,10 @@ def mlp(args, comm, world, have_cb, say):
         grads, args.pack_size, division=True, priority="forward")
         if have_cb and args.priority else None)
 
+    checked = (comm.all_reduce_callback(
+        grads, args.pack_size, division=True, check_finite=True)
+        if have_cb and args.check_finite else None)
+
     def with_cb(hook=cb):
         zero(params)
         loss.forward()
@@ -364,6 +374,9 @@ def mlp(args, comm, world, have_cb, say):
 
     def with_forward_first():
         with_cb(forward_first)
+
+    def with_check():
+        with_cb(checked)
 
     def with_cc(hook=cb):
         zero(params)
@@ -401,6 +414,10 @@ def mlp(args, comm, world, have_cb, say):
             with_forward_first()
             check(f"{when}, priority='forward'", copy_grads(params), want,
                   world)
+        if checked is not None:
+            with_check()
+            check(f"{when}, check_finite=True", copy_grads(params), want,
+                  world)
 
     methods = {"fb": fb, "comm": comm_only, "seq": seq}
     # nnabla's route takes only its own callback type, which nncomm's is
@@ -423,6 +440,8 @@ def mlp(args, comm, world, have_cb, say):
                     f"{os.environ.get('NNCOMM_LAUNCH', 'unset')}; {steps} "
                     f"more steps of tuning before timing)")
         methods["cb"] = with_cb
+        if checked is not None:
+            methods["cb_chk"] = with_check   # beside T_cb: the same noise
         if have_cc:
             methods["cb_cc"] = with_cc
         if not args.no_new_cb:
@@ -484,6 +503,9 @@ def mlp(args, comm, world, have_cb, say):
         if "cb_tl" in t:
             say("T_cb_tl/T_cb (timeline)".ljust(29)
                 + f"{t['cb_tl'] / t['cb']:6.3f}")
+        if "cb_chk" in t:
+            say("T_cb_chk/T_cb (check_finite)".ljust(29)
+                + f"{t['cb_chk'] / t['cb']:6.3f}")
         if "cb_nofr" in t:
             say("T_cb/T_cb_nofr (flight rec.)".ljust(29)
                 + f"{t['cb'] / t['cb_nofr']:6.3f}")

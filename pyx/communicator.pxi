@@ -838,7 +838,7 @@ cdef class Communicator:
     def all_reduce_callback(self, data, pack_size, bint division=False,
                             group="world", scale_grad=1,
                             bint keep_dtype=False, *, wire_dtype=None,
-                            priority=None):
+                            priority=None, check_finite=None):
         """A backward callback that all-reduces gradients while backward
         runs.
 
@@ -881,6 +881,14 @@ cdef class Communicator:
                 ties in the planned order, and launches them in that
                 order. ``"forward"`` ranks first what the
                 next forward uses first: backward's order reversed.
+            check_finite (bool): nncomm's own: check every gradient for
+                NaN and infinity before it leaves this rank (as it is
+                packed; host memory only, so far). Where one holds
+                some, the reduction still completes and every rank
+                raises :class:`nncomm.NonFiniteGradientError` at the end
+                of backward, naming the ranks and parameters, before any
+                update. ``None`` (default): ``NNCOMM_CHECK_FINITE=1``
+                turns it on; off costs nothing.
 
         Returns:
             callable: An nnabla ``CommunicatorBackwardCallback``, also
@@ -928,11 +936,13 @@ cdef class Communicator:
         cb.pack_size = size
         cb.wire = wire
         cb.priority = priorities
+        cb.check_finite = check_finite_of(check_finite)
         return as_nnabla_callback(cb)
 
     def gradient_reducer(self, data, pack_size, bint division=False,
                          group="world", scale_grad=1, bint keep_dtype=False,
-                         order=None, wire_dtype=None, priority=None):
+                         order=None, wire_dtype=None, priority=None,
+                         check_finite=None):
         """The engine of :meth:`all_reduce_callback`, driven by hand: for
         training loops that are not nnabla's backward (CuPy arrays, another
         framework) but know when each gradient is final.
@@ -960,6 +970,8 @@ cdef class Communicator:
             wire_dtype (str): As in :meth:`all_reduce_callback`.
             priority: As in :meth:`all_reduce_callback`; ``"forward"``
                 ranks the gradients in the reverse of `order`.
+            check_finite (bool): As in :meth:`all_reduce_callback`; the
+                error is raised by ``finish()``.
 
         Returns:
             :obj:`GradientReducer`: ``begin()``, ``ready(i)`` per gradient,
@@ -982,4 +994,5 @@ cdef class Communicator:
         return make_reducer(g, grads, self._context, order, size,
                             division,
                             float(scale_grad), keep_dtype,
-                            _wire_code(self._ctx, wire_dtype), priority)
+                            _wire_code(self._ctx, wire_dtype), priority,
+                            check_finite_of(check_finite))

@@ -77,9 +77,31 @@ cdef class _Plan:
     cdef Engine* core(self):
         return self.thread.engine.get()
 
-    cdef int begin(self, float scale, int divisor) except -1:
-        """Starts an iteration of this plan."""
-        return CHKSTATUS(self.core().begin(self.id, scale, divisor))
+    cdef int begin(self, float scale, int divisor,
+                   bint check_finite) except -1:
+        """Starts an iteration of this plan; with `check_finite`, every
+        gradient is checked for NaN and infinity before it leaves."""
+        return CHKSTATUS(self.core().begin(self.id, scale, divisor,
+                                           check_finite))
+
+    cdef int check_finished(self, const Status& status, list data,
+                            list names, list ranks) except -1:
+        """Raises what an iteration's finish() `status` says: for a NaN or
+        an infinity found (on any rank of the group, whose world `ranks`
+        these are), NonFiniteGradientError naming the gradients of `data`
+        by `names` (None: by nnabla's parameter names, where found)."""
+        if status.code() != StatusCode.kNonFinite:
+            return CHKSTATUS(status)
+        if names is None:
+            names = gradient_names(data)
+        found = {}
+        counts = {}
+        for report in self.core().nonfinite():
+            rank = ranks[report.rank]
+            counts[rank] = report.count
+            found[rank] = [describe_gradient(data, i, names)
+                           for i in report.tensors]
+        raise NonFiniteGradientError(found, counts)
 
     cdef list launch_order(self):
         """The gradients of each bucket of the latest iteration, in the
@@ -89,6 +111,26 @@ cdef class _Plan:
     def __dealloc__(self):
         if self.thread is not None:
             self.core().drop_plan(self.id)
+
+
+cdef str describe_gradient(list data, Py_ssize_t i, list names):
+    """Gradient `i` of `data` for a message: its parameter's name where
+    known, its place in `data` and its shape."""
+    shape = tuple(getattr(data[i], "shape", ()))
+    if names[i] is None:
+        return f"data[{i}] (shape {shape})"
+    return f"{names[i]!r} (data[{i}], shape {shape})"
+
+
+cdef bint check_finite_of(check_finite) except -1:
+    """`check_finite` of all_reduce_callback, gradient_reducer and
+    DistributedSolver: None takes NNCOMM_CHECK_FINITE."""
+    if check_finite is None:
+        return check_finite_setting()
+    if check_finite not in (True, False):
+        raise TypeError(f"check_finite must be None, True or False, not "
+                        f"{check_finite!r}")
+    return check_finite == True
 
 
 cdef object priorities_of(priority, Py_ssize_t n):
@@ -267,6 +309,7 @@ cdef class GradientReducer:
     cdef bint fixed
     cdef float scale
     cdef int divisor
+    cdef bint check_finite
     cdef bytearray marked  # per gradient: ready() called this iteration
     cdef bint active
 
@@ -286,7 +329,7 @@ cdef class GradientReducer:
         if self.active:
             raise RuntimeError("this reducer's iteration is still under "
                                "way; finish() it before beginning another")
-        self._plan.begin(self.scale, self.divisor)
+        self._plan.begin(self.scale, self.divisor, self.check_finite)
         self.marked = bytearray(len(self.data))
         self.active = True
 
@@ -341,6 +384,8 @@ cdef class GradientReducer:
         Raises:
             RuntimeError: this rank or another failed during the iteration;
                 the gradients were not all reduced.
+            NonFiniteGradientError: with `check_finite`, a gradient held a
+                NaN or an infinity on some rank; raised on every rank.
         """
         if not self.active:
             raise RuntimeError("finish() outside an iteration; call begin() "
@@ -356,7 +401,7 @@ cdef class GradientReducer:
         cdef Status status
         with nogil:
             status = engine.finish()
-        CHKSTATUS(status)
+        self._plan.check_finished(status, self.data, None, self.group.ranks)
 
     def __enter__(self):
         """``with reducer:`` is one iteration: begin() on entry, finish() on
@@ -385,7 +430,7 @@ cdef GradientReducer make_reducer(_Group group, list grads,
                                   NnablaContext context, order,
                                   size_t pack_size, bint division,
                                   float scale, bint keep_dtype, int wire,
-                                  priority):
+                                  priority, bint check_finite):
     """The reducer of Communicator.gradient_reducer, its arguments
     checked."""
     cdef GradientReducer self = GradientReducer.__new__(GradientReducer)
@@ -416,6 +461,7 @@ cdef GradientReducer make_reducer(_Group group, list grads,
                            keep_dtype, wire, self.gpu, priorities, None)
     self.scale = scale
     self.divisor = len(group.ranks) if division else 1
+    self.check_finite = check_finite
     self.active = False
     return self
 

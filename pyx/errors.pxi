@@ -3,7 +3,7 @@
 from cpython.ref cimport PyObject
 from cpython.exc cimport PyErr_Restore
 
-from nncomm.errors import CommunicatorError
+from nncomm.errors import CommunicatorError, NonFiniteGradientError
 
 # The exception a signal handler raised during a wait (Ctrl-C's
 # KeyboardInterrupt), kept aside while the wait unwinds without the GIL and

@@ -15,6 +15,7 @@ cdef extern from "nncomm/core/status.hpp" namespace "nncomm" nogil:
         kRuntimeError
         kCommunicator
         kInterrupted
+        kNonFinite
 
     cdef cppclass Status:
         Status()

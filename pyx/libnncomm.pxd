@@ -57,13 +57,20 @@ cdef extern from "nncomm/core/launch_tuner.hpp" namespace "nncomm" nogil:
 
 
 cdef extern from "nncomm/core/engine.hpp" namespace "nncomm" nogil:
+    cdef cppclass NonFiniteTensors:
+        int rank
+        size_t count
+        vector[size_t] tensors
+
     cdef cppclass Engine:
         Status add_plan(vector[Bucket] plan, size_t* id)
         void drop_plan(size_t id)
-        Status begin(size_t plan, float scale, int divisor)
+        Status begin(size_t plan, float scale, int divisor, bool check_finite)
         void mark_ready(size_t tensor, void* ptr, DType dtype)
+        void note_nonfinite(size_t tensor)
         void fail(const string& message)
         Status finish()
+        vector[NonFiniteTensors] nonfinite()
         Launch launch(size_t plan, bool* decided)
         vector[size_t] launched()
 
@@ -148,6 +155,7 @@ cdef extern from "nncomm/observability/config.hpp" namespace "nncomm::config" no
         kNew
         kEvery
     CallChecks check_calls()
+    bool check_finite_setting "nncomm::config::check_finite"()
 
 
 cdef extern from "nncomm/transports/nccl_api.hpp" namespace "nncomm" nogil:

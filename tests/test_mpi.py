@@ -183,6 +183,20 @@ def test_callback_one_rank_fails(n):
     run_worker("callback_one_rank_fails", n, timeout=120)
 
 
+# Packed (buckets of 16 elements: gradients split across them), then with
+# the weights reduced where they lie and the check left to the setting.
+CHECKED_IN_PLACE = {"NNCOMM_DIRECT_BYTES": "64", "NNCOMM_CHECK_FINITE": "1"}
+
+
+@pytest.mark.parametrize("n,route,env", [
+    (2, "hook", None), (3, "hook", None), (2, "callbacks", None),
+    (3, "solver", None), (2, "reducer", None),
+    (3, "hook", CHECKED_IN_PLACE), (2, "callbacks", CHECKED_IN_PLACE),
+    (2, "solver", CHECKED_IN_PLACE), (3, "reducer", CHECKED_IN_PLACE)])
+def test_nonfinite_gradient_raises_on_every_rank(n, route, env):
+    run_worker("check_finite", n, [route], env=env, timeout=120)
+
+
 @pytest.mark.parametrize("n", (2, 3))
 def test_two_threads_on_one_group_take_turns(n):
     run_worker("threads", n, timeout=60)

@@ -19,6 +19,7 @@ _LAZY = {
     "BlockMomentumSolver": "nncomm.block_momentum",
     "CommunicatorError": "nncomm.errors",
     "DataParallelError": "nncomm.errors",
+    "NonFiniteGradientError": "nncomm.errors",
     "InputsExhaustedError": "nncomm.errors",
     "Join": "nncomm.join",
     "Compression": "nncomm.compression",

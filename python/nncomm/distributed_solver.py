@@ -71,6 +71,15 @@ class DistributedSolver(SolverWrapper):
             buckets in the order the next forward uses their gradients;
             ``None`` (default) sends them in the planned order (backward's).
             As in :meth:`Communicator.all_reduce_callback`.
+        check_finite (bool): Check every gradient for NaN and infinity
+            before it leaves this rank; where one holds some,
+            :meth:`backward` raises :class:`nncomm.NonFiniteGradientError`
+            on every rank, naming the ranks and parameters, and
+            :meth:`update` refuses to step until the next backward.
+            ``None`` (default): ``NNCOMM_CHECK_FINITE=1`` turns it on. Not
+            with quantized compression, nor for embedding tables reduced
+            sparsely (their gradients are not checked; use
+            `sparse_as_dense`).
 
     Example:
 
@@ -91,7 +100,7 @@ class DistributedSolver(SolverWrapper):
                  op="average", gradient_predivide_factor=1.0,
                  backward_passes_per_step=1, groups=None, pack_size=2 << 20,
                  group="world", distributed_after=0, sparse_as_dense=False,
-                 priority=None):
+                 priority=None, check_finite=None):
         if not isinstance(compression, (_WireDtype, _Quantized)):
             raise TypeError(f"compression must be one of nncomm.Compression's "
                             f"(none, fp16, bf16, quantized(bits)), not "
@@ -127,6 +136,10 @@ class DistributedSolver(SolverWrapper):
                 isinstance(priority, str) and priority == "forward"):
             raise ValueError(f"priority must be None or 'forward', not "
                              f"{priority!r}")
+        if quantized and check_finite:
+            raise ValueError("check_finite checks the gradients reduced "
+                             "during backward; quantized gradients are "
+                             "not checked")
         if quantized and priority is not None:
             raise ValueError("priority orders the buckets reduced during "
                              "backward; quantized gradients are exchanged "
@@ -140,7 +153,9 @@ class DistributedSolver(SolverWrapper):
         self._pack_size = pack_size
         self._sparse_as_dense = sparse_as_dense
         self._priority = priority
+        self._check_finite = check_finite
         self._params = None
+        self._names = {}  # gradient array -> its parameter's name
         self._reductions = {}  # tables reduced sparsely -> callbacks' lists
         self._quantizer = None  # the QuantizedReducer, when quantized
         self._graph = (None, {}, set())  # loss, its tables, dense uses
@@ -152,6 +167,7 @@ class DistributedSolver(SolverWrapper):
 
     def _registered(self, params):
         self._params = params
+        self._names = {v.grad: name for name, v in params.items()}
         _reductions(params, self._groups, self._pack_size)  # checks groups
         self._reductions = {}
         if isinstance(self._compression, _Quantized):
@@ -217,8 +233,11 @@ class DistributedSolver(SolverWrapper):
         callbacks = [self._comm.all_reduce_callback(
             grads, pack_size, division=division, group=self._group,
             scale_grad=1 / self._predivide,
-            wire_dtype=self._compression.wire_dtype, priority=self._priority)
+            wire_dtype=self._compression.wire_dtype, priority=self._priority,
+            check_finite=self._check_finite)
             for grads, pack_size in dense]
+        for cb, (grads, _) in zip(callbacks, dense):
+            cb._name_gradients([self._names.get(g) for g in grads])
         self._reduced_backward(loss, clear_buffer, function_post_hook,
                                callbacks, kwargs)
         if self._predivide != 1:

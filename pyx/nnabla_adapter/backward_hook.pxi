@@ -256,6 +256,8 @@ cdef class AllReduceCallback:
     cdef size_t pack_size
     cdef int wire
     cdef object priority  # None, "forward" or a number per gradient
+    cdef bint check_finite
+    cdef list names  # per gradient, its parameter's name; None: looked up
     # Its caller ends each backward when backward returned
     # (_backward_returned), not the last function the analysis expects.
     cdef bint caller_ends
@@ -304,6 +306,13 @@ cdef class AllReduceCallback:
         :meth:`_backward_returned` (or :meth:`backward_raised`). For
         DistributedSolver, which runs the backward."""
         self.caller_ends = True
+
+    def _name_gradients(self, names):
+        """Names the gradients, one name per array of `data` (None where
+        unknown), for the messages of NonFiniteGradientError; by default
+        they are looked up in nnabla's parameter scope. For
+        DistributedSolver, which knows its parameters' names."""
+        self.names = list(names)
 
     def _backward_returned(self):
         """nnabla's backward returned: ends the backward of these gradients
@@ -417,7 +426,7 @@ cdef class AllReduceCallback:
             remember(self.state.plans, key, plan, _PLANS_BYTES,
                      operator.attrgetter("bytes"))
         cdef int divisor = joined_divisor(self.group, self.division)
-        plan.begin(self.scale, divisor)
+        plan.begin(self.scale, divisor, self.check_finite)
         cdef _Backward bw = _Backward.__new__(_Backward)
         bw.divisor = divisor
         bw.owner = self
@@ -478,6 +487,12 @@ cdef class AllReduceCallback:
         bw.counts.stop()
         _in_flight.discard(self.state)
         cdef Engine* engine = bw.plan.core()
+        if self.check_finite:
+            # No bucket holds them: checked here, reported with the rest.
+            for i in bw.plan.unreached:
+                x = self.data[i]
+                if not x.zeroing and not np.isfinite(x.data).all():
+                    engine.note_nonfinite(i)
         cdef Status status
         with nogil:
             status = engine.finish()
@@ -492,7 +507,8 @@ cdef class AllReduceCallback:
                             self.scale * len(self.group.ranks) / bw.divisor
                             if self.division else self.scale, True)
         finally:
-            CHKSTATUS(status)
+            bw.plan.check_finished(status, self.data, self.names,
+                                   self.group.ranks)
         return 0
 
 

@@ -62,6 +62,20 @@ cdef dict parameter_names():
     return names
 
 
+cdef list gradient_names(list grads):
+    """The name of the parameter whose gradient each of `grads` is, among
+    nnabla's registered parameters; None where none."""
+    names = {} if nn is None else {
+        v.grad: name for name, v in nn.get_parameters(grad_only=False).items()}
+    found = []
+    for x in grads:
+        try:
+            found.append(names.get(x))
+        except TypeError:  # an unhashable GPU array
+            found.append(None)
+    return found
+
+
 cdef object dtype_of(x):
     try:
         return x.dtype

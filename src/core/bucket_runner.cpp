@@ -32,6 +32,24 @@ void staged_segments(const Bucket &bucket, const TensorTable &tensors,
   }
 }
 
+// Appends to `*tensors` the tensors of `bucket` at `rows` of its pack
+// table, whose rows are its non-empty segments in order.
+void tensors_of_rows(const Bucket &bucket, const std::vector<size_t> &rows,
+                     std::vector<size_t> *tensors) {
+  size_t row = 0;
+  auto next = rows.begin();
+  for (const Segment &s : bucket.segments) {
+    if (next == rows.end())
+      return;
+    if (s.count == 0)
+      continue;
+    if (row++ == *next) {
+      tensors->push_back(s.tensor);
+      ++next;
+    }
+  }
+}
+
 } // namespace
 
 Status BucketRunner::prepare(const std::vector<Bucket> &plan) {
@@ -43,12 +61,20 @@ Status BucketRunner::prepare(const std::vector<Bucket> &plan) {
 
 Status BucketRunner::start(size_t index, const Bucket &bucket,
                            const TensorTable &tensors, float scale,
-                           int divisor, bool zeros, WorkPtr *work) {
+                           int divisor, bool zeros,
+                           std::vector<size_t> *nonfinite, WorkPtr *work) {
   unpack_ = false;
   NNCOMM_RETURN_IF_ERROR(follow(index));
   const bool precise =
       transport_.scales_precisely(bucket.dtype, scale, divisor);
   if (void *piece = in_place(bucket, tensors, zeros, precise)) {
+    if (nonfinite != nullptr) {
+      bool finite = true;
+      NNCOMM_RETURN_IF_ERROR(
+          memory_->check_finite(piece, bucket.count, bucket.dtype, &finite));
+      if (!finite)
+        nonfinite->push_back(bucket.segments[0].tensor);
+    }
     return transport_.start_allreduce(piece, bucket.count, bucket.dtype, scale,
                                       divisor, work);
   }
@@ -58,8 +84,15 @@ Status BucketRunner::start(size_t index, const Bucket &bucket,
   NNCOMM_RETURN_IF_ERROR(
       memory_->reserve(table_.count * dtype_size(bucket.dtype), &buffer_));
   const ScalingSplit s = split_scaling(*memory_, bucket.dtype, scale, divisor);
-  NNCOMM_RETURN_IF_ERROR(
-      memory_->pack(table_, buffer_, bucket.dtype, s.pack_scale));
+  if (nonfinite != nullptr && !zeros) {
+    nonfinite_rows_.clear();
+    NNCOMM_RETURN_IF_ERROR(memory_->pack_checked(
+        table_, buffer_, bucket.dtype, s.pack_scale, &nonfinite_rows_));
+    tensors_of_rows(bucket, nonfinite_rows_, nonfinite);
+  } else {
+    NNCOMM_RETURN_IF_ERROR(
+        memory_->pack(table_, buffer_, bucket.dtype, s.pack_scale));
+  }
   wire_ = bucket.dtype;
   divisor_ = s.unpack_divisor;
   unpack_ = !zeros;

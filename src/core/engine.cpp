@@ -69,7 +69,8 @@ void Engine::drop_plan(size_t id) {
   plans_[id].reset();
 }
 
-Status Engine::begin(size_t plan, float scale, int divisor) {
+Status Engine::begin(size_t plan, float scale, int divisor,
+                     bool check_finite) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (active_) {
     // Its thread may be reducing a bucket of that iteration right now.
@@ -96,6 +97,10 @@ Status Engine::begin(size_t plan, float scale, int divisor) {
   error_ = Status::Ok();
   scale_ = scale;
   divisor_ = divisor;
+  check_finite_ = check_finite;
+  nonfinite_.clear();
+  noted_.clear();
+  reports_.clear();
   hurry_ = false;
   iteration_ = next_iteration++;
   started_ = std::chrono::steady_clock::now();
@@ -135,6 +140,12 @@ void Engine::mark_ready(size_t tensor, void *ptr, DType dtype) {
   }
   if (wake)
     changed_.notify_all();
+}
+
+void Engine::note_nonfinite(size_t tensor) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (active_)
+    noted_.push_back(tensor);
 }
 
 void Engine::fail(const std::string &message) {
@@ -194,7 +205,19 @@ Status Engine::end_backward() {
         "another rank of the group failed during this backward; the "
         "gradients were not all-reduced");
   }
+  if (!reports_.empty()) {
+    std::string ranks;
+    for (const NonFiniteTensors &r : reports_)
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(r.rank);
+    return Status::NonFinite("gradients held a NaN or an infinity on group "
+                             "ranks " + ranks);
+  }
   return closed;
+}
+
+std::vector<NonFiniteTensors> Engine::nonfinite() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return active_ ? std::vector<NonFiniteTensors>() : reports_;
 }
 
 Engine::Step Engine::next_step() const {
@@ -312,14 +335,47 @@ Status Engine::close_iteration(bool failed, bool *any_failed, double *seconds) {
   if (span.on())
     span.args().iteration = iteration_;
   const auto elapsed = std::chrono::steady_clock::now() - started_;
-  int64_t round[2] = {
+  // noted_ is complete: finish() was called after the last note.
+  nonfinite_.insert(nonfinite_.end(), noted_.begin(), noted_.end());
+  int64_t round[3] = {
       failed ? 1 : 0,
-      std::chrono::duration_cast<std::chrono::microseconds>(elapsed).count()};
+      std::chrono::duration_cast<std::chrono::microseconds>(elapsed).count(),
+      nonfinite_.empty() ? 0 : 1};
   NNCOMM_RETURN_IF_ERROR(
-      transport_->host().allreduce(round, 2, DType::kInt64, 1.0f, 1,
+      transport_->host().allreduce(round, 3, DType::kInt64, 1.0f, 1,
                                    &polling_));
   *any_failed = round[0] > 0;
   *seconds = static_cast<double>(round[1]) * 1e-6;
+  return round[2] > 0 ? gather_nonfinite() : Status::Ok();
+}
+
+Status Engine::gather_nonfinite() {
+  constexpr size_t kRecord = 1 + NonFiniteTensors::kNamed;
+  std::sort(nonfinite_.begin(), nonfinite_.end());
+  nonfinite_.erase(std::unique(nonfinite_.begin(), nonfinite_.end()),
+                   nonfinite_.end());
+  // This rank's record: how many, then the first kNamed.
+  std::vector<int64_t> mine(kRecord, 0);
+  mine[0] = static_cast<int64_t>(nonfinite_.size());
+  for (size_t i = 0; i < nonfinite_.size() && i < NonFiniteTensors::kNamed;
+       ++i)
+    mine[1 + i] = static_cast<int64_t>(nonfinite_[i]);
+  std::vector<int64_t> all(kRecord * transport_->size());
+  Transport &host = transport_->host();
+  WorkPtr work;
+  NNCOMM_RETURN_IF_ERROR(host.start_allgather(mine.data(), all.data(),
+                                              kRecord, DType::kInt64, &work));
+  NNCOMM_RETURN_IF_ERROR(wait_for(*work, host.rank() == 0, &polling_));
+  reports_.clear();
+  for (int r = 0; r < transport_->size(); ++r) {
+    const int64_t *record = &all[r * kRecord];
+    if (record[0] == 0)
+      continue;
+    NonFiniteTensors found{r, static_cast<size_t>(record[0]), {}};
+    for (size_t i = 0; i < found.count && i < NonFiniteTensors::kNamed; ++i)
+      found.tensors.push_back(static_cast<size_t>(record[1 + i]));
+    reports_.push_back(std::move(found));
+  }
   return Status::Ok();
 }
 
@@ -346,9 +402,9 @@ Status Engine::reduce_bucket(size_t b, bool failed, Phase *reached) {
   {
     TimelineSpan span(Track::kEngine, "pack");
     trace_bucket(span, b);
-    NNCOMM_RETURN_IF_ERROR(runner_->start(b, plan_->buckets[b],
-                                          TensorTable{ptrs_, dtypes_}, scale_,
-                                          divisor_, failed, &work));
+    NNCOMM_RETURN_IF_ERROR(runner_->start(
+        b, plan_->buckets[b], TensorTable{ptrs_, dtypes_}, scale_, divisor_,
+        failed, check_finite_ && !failed ? &nonfinite_ : nullptr, &work));
   }
   *reached = Phase::kReducing;
   {

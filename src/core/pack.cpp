@@ -1,5 +1,6 @@
 #include "nncomm/core/pack.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -35,6 +36,28 @@ Status check_integers(DType wire, float scale, int divisor) {
 
 char *element(uint64_t address, size_t index, DType dt) {
   return reinterpret_cast<char *>(address) + index * dtype_size(dt);
+}
+
+// Elements a checking pack converts and then checks at a time: at most
+// 32 KiB of tensor, still in L1 when the check reads it again, so that the
+// check adds no pass over memory.
+constexpr size_t kCheckedChunk = 4096;
+
+// convert_scaled of a row that also says whether its tensor is finite: a
+// plain copy checks as it copies; a conversion, chunk by chunk.
+bool convert_checked(char *slot, DType wire, const char *tensor, DType dt,
+                     size_t count, float scale) {
+  if (dt == wire && scale == 1.0f)
+    return copy_finite(slot, tensor, dt, count);
+  bool finite = true;
+  for (size_t done = 0; done < count; done += kCheckedChunk) {
+    const size_t n = std::min(kCheckedChunk, count - done);
+    const char *from = tensor + done * dtype_size(dt);
+    convert_scaled(slot + done * dtype_size(wire), wire, from, dt, n, scale,
+                   1);
+    finite &= all_finite(from, dt, n);
+  }
+  return finite;
 }
 
 } // namespace
@@ -84,18 +107,24 @@ Status check_bucket_address(const void *bucket, size_t count, DType wire) {
 }
 
 Status pack_host(const PackTable &table, void *bucket, DType wire,
-                 float scale) {
+                 float scale, std::vector<size_t> *nonfinite) {
   NNCOMM_RETURN_IF_ERROR(check_bucket_address(bucket, table.count, wire));
   NNCOMM_RETURN_IF_ERROR(check_integers(wire, scale, 1));
   const uint64_t base = reinterpret_cast<uintptr_t>(bucket);
-  for (const PackEntry &e : table.entries) {
+  for (size_t r = 0; r < table.entries.size(); ++r) {
+    const PackEntry &e = table.entries[r];
     char *slot = element(base, e.bucket_offset, wire);
     if (e.address == 0) {
       std::memset(slot, 0, e.count * dtype_size(wire));
       continue;
     }
-    convert_scaled(slot, wire, element(e.address, 0, DType(e.dtype)),
-                   DType(e.dtype), e.count, scale, 1);
+    const char *tensor = element(e.address, 0, DType(e.dtype));
+    if (nonfinite == nullptr) {
+      convert_scaled(slot, wire, tensor, DType(e.dtype), e.count, scale, 1);
+    } else if (!convert_checked(slot, wire, tensor, DType(e.dtype), e.count,
+                                scale)) {
+      nonfinite->push_back(r);
+    }
   }
   return Status::Ok();
 }

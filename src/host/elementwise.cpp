@@ -111,6 +111,48 @@ template <typename T> bool read_as(const void *src) {
   return static_cast<float>(v) != 0.0f;
 }
 
+// OR of "exponent all ones" over the elements, copying them to `dst` on
+// the way with kCopy: branch-free, so that GCC makes it a vector loop (an
+// and, a compare and an or per vector), and cloned for AVX2, whose 32-byte
+// integer vectors the build's flags (F16C's AVX) leave out. The copy
+// checks at memcpy's speed; a check after a memcpy costs a second pass.
+template <typename Bits, bool kCopy>
+__attribute__((target_clones("avx2", "default"))) bool
+finite_bits(Bits *__restrict dst, const Bits *__restrict src, size_t count,
+            Bits exponent) {
+  Bits bad = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const Bits x = src[i];
+    if constexpr (kCopy)
+      dst[i] = x;
+    bad |= static_cast<Bits>((x & exponent) == exponent);
+  }
+  return bad == 0;
+}
+
+// finite_bits on `dt`'s bits (its exponent: infinity's); integers are
+// copied and always finite.
+template <bool kCopy>
+bool finite_as(void *dst, const void *src, DType dt, size_t count) {
+  const auto check = [&](auto exponent) {
+    using Bits = decltype(exponent);
+    return finite_bits<Bits, kCopy>(static_cast<Bits *>(dst),
+                                    static_cast<const Bits *>(src), count,
+                                    exponent);
+  };
+  switch (dt) {
+  case DType::kFloat32: return check(uint32_t{0x7f800000u});
+  case DType::kFloat64: return check(uint64_t{0x7ff0000000000000ull});
+  case DType::kFloat16: return check(uint16_t{0x7c00});
+  case DType::kBFloat16: return check(uint16_t{0x7f80});
+  case DType::kInt32:
+  case DType::kInt64: break;
+  }
+  if (kCopy)
+    std::memcpy(dst, src, count * dtype_size(dt));
+  return true;
+}
+
 } // namespace
 
 void convert_scaled(void *dst, DType dst_dt, const void *src, DType src_dt,
@@ -152,6 +194,14 @@ void add_narrow(const void *a, void *b, DType dt, size_t count) {
                               static_cast<float>(y[i]));
     }
   });
+}
+
+bool all_finite(const void *p, DType dt, size_t count) {
+  return finite_as<false>(nullptr, p, dt, count);
+}
+
+bool copy_finite(void *dst, const void *src, DType dt, size_t count) {
+  return finite_as<true>(dst, src, dt, count);
 }
 
 void write_flag(void *dst, DType dt, bool value) {

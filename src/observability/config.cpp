@@ -73,6 +73,17 @@ Setting<CallChecks> call_checks(const char *name) {
   return refused(name, CallChecks::kNew, "0 (no check) or 1 (every call)");
 }
 
+// 0 or 1.
+Setting<bool> switch_of(const char *name, bool fallback) {
+  const char *v = env(name);
+  if (v == nullptr)
+    return {fallback};
+  const std::string s = v;
+  if (s == "0" || s == "1")
+    return {s == "1"};
+  return refused(name, fallback, "0 or 1");
+}
+
 Setting<int> microseconds(const char *name, int fallback) {
   const char *v = env(name);
   if (v == nullptr)
@@ -120,6 +131,7 @@ struct Settings {
   Setting<size_t> direct = bytes("NNCOMM_DIRECT_BYTES", 1u << 20);
   Setting<size_t> huge_page = bytes("NNCOMM_HUGE_PAGE_BYTES", 4u << 20);
   Setting<CallChecks> check = call_checks("NNCOMM_CHECK_CALLS");
+  Setting<bool> finite = switch_of("NNCOMM_CHECK_FINITE", false);
   Setting<std::optional<Launch>> launch_at = launch("NNCOMM_LAUNCH");
   Setting<int> poll = microseconds("NNCOMM_ENGINE_POLL_US", 50);
   Setting<double> timeout = seconds("NNCOMM_TIMEOUT", 1800);
@@ -146,8 +158,9 @@ Status validate() {
   std::string bad;
   for (const std::string *error :
        {&s.chunk.error, &s.direct.error, &s.huge_page.error, &s.check.error,
-        &s.launch_at.error, &s.poll.error, &s.timeout.error, &s.stall.error,
-        &s.fail_allocation.error, &s.gpu.error, &s.flight.error}) {
+        &s.finite.error, &s.launch_at.error, &s.poll.error, &s.timeout.error,
+        &s.stall.error, &s.fail_allocation.error, &s.gpu.error,
+        &s.flight.error}) {
     if (!error->empty())
       bad += (bad.empty() ? "" : "; ") + *error;
   }
@@ -160,6 +173,7 @@ size_t chunk_bytes() { return settings().chunk.value; }
 size_t direct_bytes() { return settings().direct.value; }
 size_t huge_page_bytes() { return settings().huge_page.value; }
 CallChecks check_calls() { return settings().check.value; }
+bool check_finite() { return settings().finite.value; }
 std::optional<Launch> engine_launch() { return settings().launch_at.value; }
 int engine_poll_us() { return settings().poll.value; }
 double timeout_seconds() { return settings().timeout.value; }

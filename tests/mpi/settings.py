@@ -6,7 +6,8 @@ every rank, the ValueError its cause.
 
 Usage: settings.py MODE, where MODE is
 - bad: every rank runs with NNCOMM_CHUNK_BYTES=4k, NNCOMM_TIMEOUT=-1,
-  NNCOMM_GPU_TRANSPORT=gloo and NNCOMM_FLIGHT_RECORDER=lots;
+  NNCOMM_GPU_TRANSPORT=gloo, NNCOMM_FLIGHT_RECORDER=lots and
+  NNCOMM_CHECK_FINITE=yes;
 - differ: rank r runs with NNCOMM_DIRECT_BYTES=(r + 1) * 64, or with
   NNCOMM_CHECK_CALLS=0 on rank 0 only (MODE differ_checks);
 - same: every rank runs with NNCOMM_DIRECT_BYTES=64 (init succeeds).
@@ -27,6 +28,7 @@ if MODE == "bad":
     os.environ["NNCOMM_TIMEOUT"] = "-1"
     os.environ["NNCOMM_GPU_TRANSPORT"] = "gloo"
     os.environ["NNCOMM_FLIGHT_RECORDER"] = "lots"
+    os.environ["NNCOMM_CHECK_FINITE"] = "yes"
 elif MODE == "differ":
     os.environ["NNCOMM_DIRECT_BYTES"] = str((RANK + 1) * 64)
 elif MODE == "differ_checks" and RANK == 0:
@@ -39,7 +41,8 @@ expected = {
     "bad": ["NNCOMM_CHUNK_BYTES=4k", "NNCOMM_TIMEOUT=-1",
             "NNCOMM_GPU_TRANSPORT=gloo (expected auto, nccl or mpi)",
             "NNCOMM_FLIGHT_RECORDER=lots (expected 0 (off) to 1000000 "
-            "operations)"],
+            "operations)",
+            "NNCOMM_CHECK_FINITE=yes (expected 0 or 1)"],
     "differ": ["NNCOMM_DIRECT_BYTES differs between ranks"]
     + [f"{(r + 1) * 64} on ranks [{r}]" for r in range(SIZE)],
     "differ_checks": ["NNCOMM_CHECK_CALLS differs between ranks",

@@ -10,6 +10,7 @@
 // schedule.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -106,14 +107,14 @@ std::vector<std::unique_ptr<Engine>> engines_on(FakeWorld &world,
 }
 
 // The calls of `iterations` iterations over `plan`, the same on every rank:
-// its buckets in order, then the closing round.
+// its buckets in order, then the closing round (failure, time, non-finite).
 std::vector<Call> iteration_calls(const std::vector<Bucket> &plan,
                                   int iterations = 1) {
   std::vector<Call> calls;
   for (int i = 0; i < iterations; ++i) {
     for (const Bucket &b : plan)
       calls.push_back({OpKind::kAllreduce, b.count, b.dtype});
-    calls.push_back({OpKind::kAllreduce, 2, DType::kInt64});
+    calls.push_back({OpKind::kAllreduce, 3, DType::kInt64});
   }
   return calls;
 }
@@ -461,6 +462,77 @@ TEST(engine_failed_rank_fails_every_rank_and_writes_nothing) {
     for (const Status &s : iterate(engines, model, after, 1.0f, size, 7))
       CHECK_OK(s);
     check_reduced(model, before, after, 1.0f, size);
+  }
+}
+
+TEST(engine_nonfinite_fails_every_rank_naming_ranks_and_tensors) {
+  // Tensor 1 is split across staged buckets, tensor 2 is direct.
+  Model model;
+  model.specs = {{5, DType::kFloat32}, {300, DType::kFloat32},
+                 {400, DType::kFloat32}, {1, DType::kFloat32}};
+  model.plan = plan(model.specs, {3, 2, 1, 0}, 64, false, 1200);
+  for (int size : {2, 3}) {
+    FakeWorld world(size);
+    auto engines = engines_on(world, model);
+    std::mt19937_64 rng(size);
+    std::vector<Gradients> g;
+    for (int r = 0; r < size; ++r)
+      g.push_back(planned_gradients(model, rng));
+    // The last rank: a NaN in tensor 1's second bucket and an infinity in
+    // direct tensor 2; rank 0 (with 3 ranks): an infinity in tensor 0.
+    const int last = size - 1;
+    g[last][1]->set(100, std::nan(""));
+    g[last][2]->set(399, -HUGE_VAL);
+    if (size == 3)
+      g[0][0]->set(0, HUGE_VAL);
+    std::vector<Status> finished(size);
+    std::vector<std::vector<NonFiniteTensors>> found(size);
+    run_ranks(size, [&](int rank) {
+      std::mt19937_64 marking(rank);
+      CHECK_OK(engines[rank]->begin(0, 1.0f, size, true));
+      mark_all(*engines[rank], model, g[rank], marking);
+      finished[rank] = engines[rank]->finish();
+      found[rank] = engines[rank]->nonfinite();
+    });
+    std::vector<Call> calls = iteration_calls(model.plan);
+    calls.push_back({OpKind::kAllgather, 1 + NonFiniteTensors::kNamed,
+                     DType::kInt64});
+    for (int r = 0; r < size; ++r) {
+      CHECK_EQ(finished[r].code(), StatusCode::kNonFinite);
+      CHECK_EQ(world.calls(r), calls);
+      CHECK_EQ(found[r].size(), size_t(size == 3 ? 2 : 1));
+      const NonFiniteTensors &here = found[r].back();
+      CHECK_EQ(here.rank, last);
+      CHECK_EQ(here.count, size_t(2));
+      CHECK_EQ(here.tensors, (std::vector<size_t>{1, 2}));
+      if (size == 3) {
+        CHECK_EQ(found[r][0].rank, 0);
+        CHECK_EQ(found[r][0].tensors, (std::vector<size_t>{0}));
+      }
+    }
+    // Finite again: the next iteration reduces, with no extra call; with
+    // the check off a NaN goes through unseen, at no cost either.
+    for (bool check : {true, false}) {
+      std::vector<Gradients> before;
+      for (int r = 0; r < size; ++r)
+        before.push_back(planned_gradients(model, rng));
+      if (!check)
+        before[0][1]->set(7, std::nan(""));
+      std::vector<Gradients> after = before;
+      const std::vector<Call> next = iteration_calls(model.plan);
+      calls.insert(calls.end(), next.begin(), next.end());
+      run_ranks(size, [&](int rank) {
+        std::mt19937_64 marking(rank);
+        CHECK_OK(engines[rank]->begin(0, 1.0f, size, check));
+        mark_all(*engines[rank], model, after[rank], marking);
+        CHECK_OK(engines[rank]->finish());
+        CHECK(engines[rank]->nonfinite().empty());
+      });
+      for (int r = 0; r < size; ++r)
+        CHECK_EQ(world.calls(r), calls);
+      if (check)
+        check_reduced(model, before, after, 1.0f, size);
+    }
   }
 }
 

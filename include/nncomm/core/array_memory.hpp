@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "nncomm/core/dtype.hpp"
 #include "nncomm/core/fusion_buffer.hpp"
@@ -35,6 +36,27 @@ public:
   virtual Status get(void *host, const void *src, size_t bytes) = 0;
   // Whether pack() and unpack() can scale and divide messages of `wire`.
   virtual bool scales(DType wire) const { return true; }
+  // pack(), also appending to `*nonfinite` the index of each row of
+  // `table` whose tensor holds a NaN or an infinity (NNCOMM_CHECK_FINITE).
+  // Host memory only, so far: elsewhere it fails.
+  virtual Status pack_checked(const PackTable &table, void *message,
+                              DType wire, float scale,
+                              std::vector<size_t> *nonfinite) {
+    return unchecked();
+  }
+  // `*finite`: whether the `count` elements of `dt` at `p` hold no NaN and
+  // no infinity. Host memory only, so far, as pack_checked().
+  virtual Status check_finite(const void *p, size_t count, DType dt,
+                              bool *finite) {
+    return unchecked();
+  }
+
+private:
+  static Status unchecked() {
+    return Status::InvalidArgument(
+        "nncomm checks gradients for NaN and infinity (check_finite) in "
+        "host memory only, so far");
+  }
 };
 
 // Where a reduction's `scale` and `divisor` are applied to a message of
@@ -76,6 +98,12 @@ public:
   Status get(void *host, const void *src, size_t bytes) override {
     return copy(host, src, bytes);
   }
+  Status pack_checked(const PackTable &table, void *message, DType wire,
+                      float scale, std::vector<size_t> *nonfinite) override {
+    return pack_host(table, message, wire, scale, nonfinite);
+  }
+  Status check_finite(const void *p, size_t count, DType dt,
+                      bool *finite) override;
 
 private:
   FusionBuffer fusion_;

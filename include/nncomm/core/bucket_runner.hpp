@@ -52,10 +52,14 @@ public:
   virtual Status ready(size_t index) { return Status::Ok(); }
   // Starts reducing bucket `index` of the plan, `bucket`: every rank's
   // segments times `scale`, summed, divided by `divisor`. With `zeros`
-  // (this rank failed), sends zeros and writes nothing back. `*work`
+  // (this rank failed), sends zeros and writes nothing back. With
+  // `nonfinite` (NNCOMM_CHECK_FINITE), appends to it each tensor whose
+  // segment holds a NaN or an infinity, checked as it is packed (or before
+  // it is reduced in place), and sends the bucket all the same. `*work`
   // completes with the reduction.
   Status start(size_t index, const Bucket &bucket, const TensorTable &tensors,
-               float scale, int divisor, bool zeros, WorkPtr *work);
+               float scale, int divisor, bool zeros,
+               std::vector<size_t> *nonfinite, WorkPtr *work);
   // Writes the bucket started last back into its tensors, once its work
   // has completed.
   virtual Status finish();
@@ -72,6 +76,7 @@ private:
   Transport &transport_;
   const std::unique_ptr<ArrayMemory> memory_;
   std::vector<PackSegment> segments_;
+  std::vector<size_t> nonfinite_rows_; // of table_, while checking
   // The staged bucket started last: unpacked by finish().
   PackTable table_;
   char *buffer_ = nullptr;

@@ -21,6 +21,16 @@
 // the iteration's time, so every rank learns whether some rank failed
 // before it finished, and every rank's tuner sees the same times.
 //
+// With the NaN/infinity check on (begin()'s `check_finite`), the runner
+// checks each gradient as it packs it (or before reducing it in place),
+// and the bucket goes out all the same, so every rank's calls stay
+// matched; the closing round carries a third number, whether this rank
+// found one (always sent, 0 with the check off, so that ranks that
+// disagree on the setting still match and the check costs nothing off),
+// and only where some rank did, one small all-gather tells every rank
+// which tensors of which ranks: finish() then fails with kNonFinite on
+// every rank, before the framework updates anything.
+//
 // While the timeline is on (timeline.hpp), the engine records each
 // iteration from begin() to the return of finish() ("backward", with
 // finish()'s wait for the thread, "wait_engine"), each gradient made ready,
@@ -52,6 +62,15 @@
 
 namespace nncomm {
 
+// A rank's tensors that held a NaN or an infinity in an iteration: its
+// rank in the group, how many, and the first kNamed of them by index.
+struct NonFiniteTensors {
+  static constexpr size_t kNamed = 8;
+  int rank;
+  size_t count;
+  std::vector<size_t> tensors;
+};
+
 class Engine {
 public:
   // Starts the thread, which communicates on `transport` alone (give each
@@ -75,20 +94,33 @@ public:
   Status add_plan(std::vector<Bucket> plan, size_t *id);
   // Forgets plan `id` (never the one of an iteration under way).
   void drop_plan(size_t id);
-  // Starts an iteration of plan `plan`: every tensor is pending again.
-  // Fails while the previous iteration is under way (finish() ends it).
-  Status begin(size_t plan, float scale, int divisor);
+  // Starts an iteration of plan `plan`: every tensor is pending again;
+  // with `check_finite`, each is checked for NaN and infinity before it
+  // leaves. Fails while the previous iteration is under way (finish()
+  // ends it).
+  Status begin(size_t plan, float scale, int divisor,
+               bool check_finite = false);
   // Tensor `tensor` is final, at `ptr`, holding `dtype`. A dtype other
   // than the one planned is converted to and from the bucket's dtype.
   void mark_ready(size_t tensor, void *ptr, DType dtype);
+  // Tensor `tensor`, which no bucket of the plan holds (the framework
+  // reduces it itself), holds a NaN or an infinity: reported with the
+  // others. Called before finish().
+  void note_nonfinite(size_t tensor);
   // This rank failed: the remaining buckets go out zero-filled, the flag
   // round tells the other ranks, and finish() returns `message`.
   void fail(const std::string &message);
   // Waits until every bucket of the iteration is reduced. Fails with this
   // rank's own error, an MPI error, a timeout, the news that another rank
   // failed, or Interrupted when Ctrl-C stopped the wait (the engine then
-  // gives up its reductions: nothing can be sent any more).
+  // gives up its reductions: nothing can be sent any more), or
+  // kNonFinite when a rank checking found a NaN or an infinity
+  // (nonfinite() says where).
   Status finish();
+  // The ranks whose tensors held a NaN or an infinity in the latest
+  // iteration, in rank order; empty unless finish() failed with
+  // kNonFinite.
+  std::vector<NonFiniteTensors> nonfinite();
   // The schedule of plan `plan`'s next iteration; `*decided`: whether its
   // tuner has settled on it (launch_tuner.hpp).
   Launch launch(size_t plan, bool *decided);
@@ -135,6 +167,9 @@ private:
   // The round after the last bucket: did any rank fail, and how long did
   // the iteration take on all ranks together (for the tuner)?
   Status close_iteration(bool failed, bool *any_failed, double *seconds);
+  // After a closing round in which some rank found a NaN or an infinity:
+  // every rank's findings into reports_, gathered from all.
+  Status gather_nonfinite();
 
   const std::unique_ptr<Transport> transport_;
   const std::unique_ptr<BucketRunner> runner_; // uses transport_
@@ -164,6 +199,13 @@ private:
   Status error_;
   float scale_ = 1.0f;
   int divisor_ = 1;
+  bool check_finite_ = false;
+  // Tensors found holding a NaN or an infinity here this iteration (by the
+  // thread, possibly twice: a tensor split across buckets), and what the
+  // ranks told each other.
+  std::vector<size_t> nonfinite_;
+  std::vector<size_t> noted_; // by note_nonfinite(), under mutex_
+  std::vector<NonFiniteTensors> reports_;
 
   std::thread thread_; // last: starts once everything above exists
 };

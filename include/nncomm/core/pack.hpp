@@ -56,8 +56,11 @@ Status check_bucket_address(const void *bucket, size_t count, DType wire);
 
 // Host twin of the CUDA kernels: bucket[k] = wire(tensor[i] * scale).
 // Arithmetic in float (double where float64 is on either side); integer
-// dtypes are copied, and only with scale 1.
-Status pack_host(const PackTable &table, void *bucket, DType wire, float scale);
+// dtypes are copied, and only with scale 1. With `nonfinite`, also appends
+// the index (in table.entries) of each row whose tensor holds a NaN or an
+// infinity, checked in the same pass over memory.
+Status pack_host(const PackTable &table, void *bucket, DType wire, float scale,
+                 std::vector<size_t> *nonfinite = nullptr);
 // tensor[i] = dtype(bucket[k] * scale / divisor); rows with address 0 are
 // left out.
 Status unpack_host(const PackTable &table, const void *bucket, DType wire,

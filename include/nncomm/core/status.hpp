@@ -23,6 +23,10 @@ enum class StatusCode : int {
   // A wait was interrupted by a signal whose Python handler raised (Ctrl-C:
   // KeyboardInterrupt); the binding re-raises that exception.
   kInterrupted = 6,
+  // A gradient held a NaN or an infinity on some rank (check_finite); the
+  // engine says where (Engine::nonfinite()). Raised as
+  // nncomm.NonFiniteGradientError.
+  kNonFinite = 7,
 };
 
 class Status {
@@ -43,6 +47,9 @@ public:
   }
   static Status Interrupted() {
     return Status(StatusCode::kInterrupted, "interrupted");
+  }
+  static Status NonFinite(std::string msg) {
+    return Status(StatusCode::kNonFinite, std::move(msg));
   }
   static Status Transport(std::string msg) {
     return Status(StatusCode::kTransport, std::move(msg));

@@ -41,6 +41,12 @@ size_t huge_page_bytes();
 enum class CallChecks { kOff = 0, kNew = 1, kEvery = 2 };
 CallChecks check_calls();
 
+// Whether the callback engine checks each gradient for NaN and infinity
+// before it leaves the rank, by default (all_reduce_callback's and
+// DistributedSolver's check_finite=None): NNCOMM_CHECK_FINITE=1; 0, the
+// default, checks nothing and costs nothing.
+bool check_finite();
+
 // When the callback engine launches buckets: "eager" (as each is ready),
 // "deferred" (all at the end of backward) or "auto" (the default: timed on
 // the first iterations, see launch_tuner.hpp; empty). NNCOMM_LAUNCH.
