@@ -92,16 +92,9 @@ cdef class _Plan:
         by `names` (None: by nnabla's parameter names, where found)."""
         if status.code() != StatusCode.kNonFinite:
             return CHKSTATUS(status)
-        if names is None:
-            names = gradient_names(data)
-        found = {}
-        counts = {}
-        for report in self.core().nonfinite():
-            rank = ranks[report.rank]
-            counts[rank] = report.count
-            found[rank] = [describe_gradient(data, i, names)
-                           for i in report.tensors]
-        raise NonFiniteGradientError(found, counts)
+        raise nonfinite_error(
+            data, names, {ranks[report.rank]: (report.count, report.tensors)
+                          for report in self.core().nonfinite()})
 
     cdef list launch_order(self):
         """The gradients of each bucket of the latest iteration, in the
@@ -113,6 +106,19 @@ cdef class _Plan:
             self.core().drop_plan(self.id)
 
 
+cpdef object nonfinite_error(list data, list names, dict found):
+    """The NonFiniteGradientError of `found`, world rank -> (how many of
+    its gradients held a NaN or an infinity, the first of them by index in
+    `data`), naming them by `names` (None: by nnabla's parameter names,
+    where found)."""
+    if names is None:
+        names = gradient_names(data)
+    return NonFiniteGradientError(
+        {rank: [describe_gradient(data, i, names) for i in tensors]
+         for rank, (_, tensors) in found.items()},
+        {rank: count for rank, (count, _) in found.items()})
+
+
 cdef str describe_gradient(list data, Py_ssize_t i, list names):
     """Gradient `i` of `data` for a message: its parameter's name where
     known, its place in `data` and its shape."""
@@ -122,9 +128,10 @@ cdef str describe_gradient(list data, Py_ssize_t i, list names):
     return f"{names[i]!r} (data[{i}], shape {shape})"
 
 
-cdef bint check_finite_of(check_finite) except -1:
-    """`check_finite` of all_reduce_callback, gradient_reducer and
-    DistributedSolver: None takes NNCOMM_CHECK_FINITE."""
+cpdef bint check_finite_of(check_finite) except -1:
+    """`check_finite` of all_reduce_callback, gradient_reducer,
+    DistributedSolver and QuantizedReducer: None takes
+    NNCOMM_CHECK_FINITE."""
     if check_finite is None:
         return check_finite_setting()
     if check_finite not in (True, False):

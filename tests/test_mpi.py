@@ -190,9 +190,10 @@ CHECKED_IN_PLACE = {"NNCOMM_DIRECT_BYTES": "64", "NNCOMM_CHECK_FINITE": "1"}
 
 @pytest.mark.parametrize("n,route,env", [
     (2, "hook", None), (3, "hook", None), (2, "callbacks", None),
-    (3, "solver", None), (2, "reducer", None),
+    (3, "solver", None), (2, "reducer", None), (3, "quantized", None),
     (3, "hook", CHECKED_IN_PLACE), (2, "callbacks", CHECKED_IN_PLACE),
-    (2, "solver", CHECKED_IN_PLACE), (3, "reducer", CHECKED_IN_PLACE)])
+    (2, "solver", CHECKED_IN_PLACE), (3, "reducer", CHECKED_IN_PLACE),
+    (2, "quantized", CHECKED_IN_PLACE)])
 def test_nonfinite_gradient_raises_on_every_rank(n, route, env):
     run_worker("check_finite", n, [route], env=env, timeout=120)
 

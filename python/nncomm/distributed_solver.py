@@ -77,9 +77,8 @@ class DistributedSolver(SolverWrapper):
             on every rank, naming the ranks and parameters, and
             :meth:`update` refuses to step until the next backward.
             ``None`` (default): ``NNCOMM_CHECK_FINITE=1`` turns it on. Not
-            with quantized compression, nor for embedding tables reduced
-            sparsely (their gradients are not checked; use
-            `sparse_as_dense`).
+            for embedding tables reduced sparsely (their gradients are not
+            checked; use `sparse_as_dense`).
 
     Example:
 
@@ -136,10 +135,6 @@ class DistributedSolver(SolverWrapper):
                 isinstance(priority, str) and priority == "forward"):
             raise ValueError(f"priority must be None or 'forward', not "
                              f"{priority!r}")
-        if quantized and check_finite:
-            raise ValueError("check_finite checks the gradients reduced "
-                             "during backward; quantized gradients are "
-                             "not checked")
         if quantized and priority is not None:
             raise ValueError("priority orders the buckets reduced during "
                              "backward; quantized gradients are exchanged "
@@ -174,7 +169,9 @@ class DistributedSolver(SolverWrapper):
             self._quantizer = QuantizedReducer(
                 self._comm, [v.grad for v in params.values()],
                 self._compression.bits, self._compression.error_feedback,
-                division=self._op == "average", group=self._group)
+                division=self._op == "average", group=self._group,
+                check_finite=self._check_finite)
+            self._quantizer._name_gradients(list(params))
         self._new_step()
 
     def zero_grad(self):

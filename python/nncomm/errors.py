@@ -38,7 +38,8 @@ class NonFiniteGradientError(FloatingPointError):
     Raised on every rank of the group at the same point, where the
     reduction ends (the end of backward for
     :meth:`Communicator.all_reduce_callback` and
-    :meth:`DistributedSolver.backward`, :meth:`GradientReducer.finish`),
+    :meth:`DistributedSolver.backward`, :meth:`GradientReducer.finish`,
+    :meth:`QuantizedReducer.reduce`),
     so before any rank's solver updates anything; the message names the
     ranks and parameters. The gradients of that step are not usable (they
     hold the non-finite sum), but the communicator is: catch it, zero the

@@ -16,6 +16,12 @@ from nncomm import _quantize
 from nncomm.broadcast import _agreed
 from nncomm.compression import _bits
 
+# A block's state word: 1 a rank that failed (fail()), this one a rank
+# whose gradients held a NaN or an infinity, which sends the number of
+# those and the first _SHOWN indices instead of its codes.
+_NONFINITE = 2
+_SHOWN = 8
+
 # The kernels work on host memory: nnabla hands them the gradients there,
 # as float32, whatever the communicator's context computes on.
 _HOST = get_extension_context("cpu")
@@ -54,6 +60,12 @@ class QuantizedReducer:
         error_feedback (bool): Keep and send on the quantization error.
         division (bool): Average over the group instead of summing.
         group (str): Name of the communicator's group to reduce over.
+        check_finite (bool): Check every gradient for NaN and infinity
+            (one vectorised pass) before it is encoded: where one holds
+            some, that rank sends the indices instead of its codes and
+            :meth:`reduce` raises :class:`nncomm.NonFiniteGradientError`
+            on every rank, no gradient changed. ``None`` (default):
+            ``NNCOMM_CHECK_FINITE=1`` turns it on.
 
     Raises:
         ValueError: On every rank, when `bits` is out of range or the ranks
@@ -76,20 +88,25 @@ class QuantizedReducer:
     """
 
     def __init__(self, comm, data, bits, error_feedback=True,
-                 division=False, group="world"):
+                 division=False, group="world", check_finite=None):
+        from nncomm._nncomm import check_finite_of
+        check_finite = check_finite_of(check_finite)
         def gradients():
             _bits(bits, "bits")
             return [(str(i), x) for i, x in enumerate(_float_ndarrays(data))]
         # str: an int and a numpy integer of one value compare alike.
         settings = {"bits": str(bits), "error_feedback": bool(error_feedback),
-                    "division": bool(division)}
+                    "division": bool(division), "check_finite": check_finite}
         agreed = _agreed(comm, gradients, group, "QuantizedReducer",
                          "gradients", settings)
         self._comm = comm
         self._group = group
         self._bits = bits
         self._division = bool(division)
-        self._ranks = len(comm.find_group(group))
+        self._world_ranks = comm.find_group(group)
+        self._ranks = len(self._world_ranks)
+        self._check_finite = check_finite
+        self._names = None  # per gradient, its parameter's name
         self._data = [x for _, x in agreed]
         self._matrices = [_quantize.matrix(x.shape) for x in self._data]
         self._residuals = [_zeros(x.shape, np.float32) for x in self._data] \
@@ -115,18 +132,57 @@ class QuantizedReducer:
                 ranks raise RuntimeError, and no gradient is changed.
             ValueError: Here, when a gradient changed size; likewise.
             RuntimeError: Another rank of the group failed this step.
+            nncomm.NonFiniteGradientError: With `check_finite`, on every
+                rank, when a gradient of some rank held a NaN or an
+                infinity; no gradient is changed.
         """
         try:
             tensors = self._tensors()
-            _quantize.encode(tensors, self._bits,
-                             self._send.data_ptr(np.int32, _HOST))
+            bad = [i for i, x in enumerate(self._data)
+                   if not np.isfinite(x.data).all()] \
+                if self._check_finite else []
+            if bad:
+                self._send_nonfinite(bad)
+            else:
+                _quantize.encode(tensors, self._bits,
+                                 self._send.data_ptr(np.int32, _HOST))
         except Exception:
             self.fail()
             raise
         self._comm.all_gather(self._send, self._recv, group=self._group)
+        if self._check_finite:
+            self._raise_nonfinite()
         _quantize.decode_sum(tensors, self._bits,
                              self._recv.data_ptr(np.int32, _HOST),
                              self._ranks, self._division)
+
+    def _name_gradients(self, names):
+        """Names the gradients (None where unknown) for the messages of
+        NonFiniteGradientError. For DistributedSolver, which knows them."""
+        self._names = list(names)
+
+    def _send_nonfinite(self, bad):
+        """Marks this rank's block as holding non-finite gradients `bad`
+        (indices): its state word, then their number and the first few."""
+        words = self._send.data
+        shown = bad[:max(0, min(_SHOWN, words.size - 2))]
+        words[0] = _NONFINITE
+        words[1] = len(bad)
+        words[2:2 + len(shown)] = shown
+
+    def _raise_nonfinite(self):
+        """Raises NonFiniteGradientError where a rank's block says it held
+        non-finite gradients."""
+        from nncomm._nncomm import nonfinite_error
+        blocks = self._recv.data.reshape(self._ranks, -1)
+        found = {}
+        for r, block in enumerate(blocks):
+            if block[0] == _NONFINITE:
+                shown = min(int(block[1]), _SHOWN, block.size - 2)
+                found[self._world_ranks[r]] = (
+                    int(block[1]), [int(i) for i in block[2:2 + shown]])
+        if found:
+            raise nonfinite_error(self._data, self._names, found)
 
     def fail(self):
         """Takes part in this step's exchange as failed, so that the other

@@ -8,7 +8,9 @@ gradients. With every gradient finite, the check changes no bit.
 Usage: check_finite.py ROUTE, ROUTE being how the gradients are reduced:
 hook (all_reduce_callback as function_post_hook, with a gradient the graph
 does not reach), callbacks (nnabla's communicator_callbacks=), solver
-(DistributedSolver) or reducer (gradient_reducer after a plain backward).
+(DistributedSolver), quantized (DistributedSolver with 8-bit quantized
+compression: the next step to quantization's precision) or reducer
+(gradient_reducer after a plain backward).
 With NNCOMM_CHECK_FINITE=1 in the environment, the check is left to the
 setting (check_finite=None) instead of passed. Run with pack_size 16 (so
 that gradients are split across buckets) and with NNCOMM_DIRECT_BYTES=64
@@ -48,9 +50,12 @@ def main():
     sgd = S.Sgd(0.1)
     sgd.set_parameters(params)
     solver = None
-    if ROUTE == "solver":
+    if ROUTE in ("solver", "quantized"):
+        compression = nncomm.Compression.quantized(8, error_feedback=False) \
+            if ROUTE == "quantized" else nncomm.Compression.none
         solver = nncomm.DistributedSolver(S.Sgd(0.1), comm, pack_size=PACK,
-                                          check_finite=check)
+                                          check_finite=check,
+                                          compression=compression)
         solver.set_parameters(params)
     elif ROUTE == "reducer":
         reducer = comm.gradient_reducer(grads, PACK, division=True,
@@ -91,7 +96,7 @@ def main():
     def step(bad, checked=True, it=0):
         forward(it, bad)
         hook = inject(bad)
-        if ROUTE == "solver":
+        if solver is not None:
             solver.zero_grad()
             solver.backward(loss, function_post_hook=hook)
         elif ROUTE == "reducer":
@@ -165,11 +170,14 @@ def main():
         expected = reference(it)
         step({}, it=it)
         for i, (g, want) in enumerate(zip(grads, expected)):
+            # 8-bit levels: within a 255th of each rank's range per rank.
+            tol = 0.02 * np.abs(want).max() + 1e-6 \
+                if ROUTE == "quantized" else 1e-6 * (1 + np.abs(want))
             ck.array(g, want, f"{what}: next step, gradient {i}", np.float32,
-                     tol=1e-6 * (1 + np.abs(want)))
+                     tol=tol)
         update()
         it += 1
-    if ROUTE != "solver":
+    if solver is None:
         # With every gradient finite, checking changes no bit.
         got = {}
         for checked in (True, False):
