@@ -720,8 +720,10 @@ Status MpiTransport::start_shadow(const ShadowOp &op,
   case Kind::kAgree:
   case Kind::kCheck: {
     // Zeros leave every rank's maximum as it is: the comparison is among
-    // the ranks still training.
-    NNCOMM_RETURN_IF_ERROR(begin(op));
+    // the ranks still training. Names do not travel: the records'.
+    ShadowOp named = op;
+    named.name = op.kind == Kind::kAgree ? "agree" : "check";
+    NNCOMM_RETURN_IF_ERROR(begin(named));
     uint64_t *both = reinterpret_cast<uint64_t *>(zeros(scratch, 16));
     return start_same(op.kind == Kind::kAgree ? comm_ : check_comm_, both,
                       work);
