@@ -165,24 +165,30 @@ struct Unwatched {
 // What a lane notes of the source values it moves, checked: whether one of
 // them, elements of kSize bytes with exponent field `field`, is a NaN or
 // an infinity. Values are tested where they are stored, after the lane's
-// batch of loads has been issued, so the test never holds a load back.
+// batch of loads has been issued, so the test never holds a load back;
+// in words of 32 bits (64 for float64), a few integer instructions a word.
 template <int kSize> struct Watch {
-  NNCOMM_HD explicit Watch(uint64_t exponent) : field(exponent) {}
+  using Word = std::conditional_t<kSize == 8, uint64_t, uint32_t>;
+  NNCOMM_HD explicit Watch(uint64_t exponent) : field(Word(exponent)) {}
   template <typename V> NNCOMM_HD void see(const V &v) {
-    constexpr int kWords = (sizeof(V) + 7) / 8;
-    constexpr uint64_t kElement =
-        kSize == 8 ? ~0ull : (1ull << (8 * kSize)) - 1;
-    uint64_t w[kWords] = {};
+    constexpr int kWords = (sizeof(V) + sizeof(Word) - 1) / sizeof(Word);
+    Word w[kWords] = {};
     memcpy(w, &v, sizeof(V));
     for (int i = 0; i < kWords; ++i) {
       // Zero in an element exactly where its exponent is all ones; a value
       // narrower than the word leaves the rest zero bits, which are finite.
-      const uint64_t x = (w[i] & field) ^ field;
-      for (int j = 0; j < 8 / kSize; ++j)
-        found |= ((x >> (8 * kSize * j)) & kElement) == 0;
+      const Word y = (w[i] & field) ^ field;
+      if constexpr (kSize == 2) {
+        // Whether either half is zero: neither has bit 15 set (the sign
+        // bit is outside the field), so it is set after subtracting 1
+        // from each half exactly when one of them was zero.
+        found |= ((y - 0x00010001u) & ~y & 0x80008000u) != 0;
+      } else {
+        found |= y == 0;
+      }
     }
   }
-  uint64_t field;
+  Word field;
   bool found = false;
 };
 
