@@ -1,5 +1,6 @@
 // The callback engine on GPU memory (src/core/engine.cpp with src/cuda/cuda_runner.cu
-// on the host-staged transport) over real MPI, on the device memory of
+// on the host-staged transport, or NCCL's on fake_nccl.cpp, which never
+// makes the host wait for a bucket's packing) over real MPI, on the device memory of
 // fake_cudart.cpp, whose streams run work late and in random legal orders.
 // Each iteration "computes" every gradient on the compute stream (the
 // legacy default, as nnabla-ext-cuda does) in a random order of its own,
@@ -13,7 +14,8 @@
 // every rank naming that rank and those tensors; in the others, the
 // gradients must come out as unchecked.
 //
-// Built and run under mpiexec by tests/test_gpu_path_emulated.py; prints
+// Built and run under mpiexec by tests/test_gpu_path_emulated.py
+// (`engine_over_mpi SEED [nccl]`); prints
 // "engine_over_mpi: N checks passed on R ranks" on rank 0, or the first
 // failure (exit 1 on every rank, through MPI_Abort).
 #include <cuda_runtime.h>
@@ -30,6 +32,7 @@
 #include <vector>
 
 #include "fake_cudart.hpp"
+#include "fake_nccl.hpp"
 #include "mpi_program.hpp"
 #include "nncomm/core/bucket_plan.hpp"
 #include "nncomm/cuda/cuda_runner.hpp"
@@ -37,6 +40,7 @@
 #include "nncomm/core/engine.hpp"
 #include "nncomm/host/elementwise.hpp"
 #include "nncomm/transports/mpi_transport.hpp"
+#include "nncomm/transports/nccl_transport.hpp"
 
 using namespace nncomm;
 using namespace program;
@@ -102,6 +106,25 @@ struct Gradient {
   char *host = nullptr; // pinned: what the compute stream copies from/to
 };
 
+bool over_nccl = false; // the transport: NCCL's, else the host-staged one
+
+// The device transport the engine runs on (`*device`: the same).
+std::unique_ptr<Transport> device_transport(DeviceTransport **device) {
+  std::unique_ptr<MpiTransport> mpi;
+  ok(MpiTransport::Create(MPI_COMM_WORLD, &mpi), "MpiTransport::Create");
+  if (over_nccl) {
+    std::unique_ptr<NcclTransport> transport;
+    ok(NcclTransport::Create(fake_nccl(), std::move(mpi), &transport),
+       "NcclTransport::Create");
+    *device = transport.get();
+    return transport;
+  }
+  std::unique_ptr<StagedTransport> transport;
+  ok(StagedTransport::Create(std::move(mpi), &transport), "StagedTransport");
+  *device = transport.get();
+  return transport;
+}
+
 void run(uint64_t seed) {
   std::mt19937_64 rng(seed); // the same on every rank: the same plan
   const size_t n = 3 + rng() % 10;
@@ -126,13 +149,11 @@ void run(uint64_t seed) {
   std::vector<Bucket> plan = plan_buckets(specs, order, pack_size, keep_dtype,
                                           DType::kFloat32, direct_bytes);
 
-  std::unique_ptr<MpiTransport> mpi;
-  ok(MpiTransport::Create(MPI_COMM_WORLD, &mpi), "MpiTransport::Create");
-  std::unique_ptr<StagedTransport> staged;
-  ok(StagedTransport::Create(std::move(mpi), &staged), "StagedTransport");
+  DeviceTransport *device = nullptr;
+  std::unique_ptr<Transport> transport = device_transport(&device);
   std::unique_ptr<CudaRunner> runner;
-  ok(CudaRunner::Create(*staged, nullptr, &runner), "CudaRunner::Create");
-  Engine engine(std::move(staged), std::move(runner), n, 20);
+  ok(CudaRunner::Create(*device, nullptr, &runner), "CudaRunner::Create");
+  Engine engine(std::move(transport), std::move(runner), n, 20);
   size_t planned = 0;
   ok(engine.add_plan(plan, &planned), "add_plan");
 
@@ -228,6 +249,7 @@ void run(uint64_t seed) {
 int main(int argc, char **argv) {
   start(&argc, &argv);
   const uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1;
+  over_nccl = argc > 2 && std::string(argv[2]) == "nccl";
   nncomm_fake_configure(seed * 131 + rank, 3);
   cuda(cudaSetDevice(rank % 2), "cudaSetDevice");
   for (uint64_t s = 0; s < 5; ++s)
