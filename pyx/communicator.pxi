@@ -883,11 +883,11 @@ cdef class Communicator:
                 next forward uses first: backward's order reversed.
             check_finite (bool): nncomm's own: check every gradient for
                 NaN and infinity before it leaves this rank (as it is
-                packed; host memory only, so far). Where one holds
-                some, the reduction still completes and every rank
-                raises :class:`nncomm.NonFiniteGradientError` at the end
-                of backward, naming the ranks and parameters, before any
-                update. ``None`` (default): ``NNCOMM_CHECK_FINITE=1``
+                packed, on the host or by the GPU packing kernel).
+                Where one holds some, the reduction still completes and
+                every rank raises :class:`nncomm.NonFiniteGradientError`
+                at the end of backward, naming the ranks and parameters,
+                before any update. ``None`` (default): ``NNCOMM_CHECK_FINITE=1``
                 turns it on; off costs nothing.
 
         Returns:

@@ -14,7 +14,8 @@ whose streams run work late and in random legal orders:
 - the callback engine with the CUDA runner on it: gradients "computed" on
   the compute stream in a random order per rank, packed by the CUDA
   packer's kernel (emulated), reduced, unpacked, and read on the compute
-  stream after finish() (engine_over_mpi.cpp);
+  stream after finish(), on either transport; with the NaN/infinity check,
+  one rank's NaN reported on every rank (engine_over_mpi.cpp);
 - a set-up step of either transport, the device group or its engine
   failing on one rank: every rank fails at once, naming it
   (transports_over_mpi.cpp: check_setup_failure).
@@ -177,6 +178,13 @@ def test_device_path_refuses_nccl_it_cannot_use(
 @pytest.mark.parametrize("ranks,seed", [(2, 1), (3, 2), (4, 3)])
 def test_engine_on_emulated_devices(engine_over_mpi, ranks, seed, launch):
     run(engine_over_mpi, ranks, [seed], {"NNCOMM_LAUNCH": launch})
+
+
+# Two ranks on the two fake GPUs (NCCL refuses ranks sharing one), a
+# power of two (NCCL's folded scale is exact for these only).
+@pytest.mark.parametrize("seed", [1, 2])
+def test_engine_on_emulated_nccl(engine_over_mpi, seed):
+    run(engine_over_mpi, 2, [seed, "nccl"])
 
 
 # A set-up step failing on one rank (a fake runtime call, or the fake

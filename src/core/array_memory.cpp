@@ -5,9 +5,25 @@
 
 namespace nncomm {
 
-Status HostArrays::check_finite(const void *p, size_t count, DType dt,
-                                bool *finite) {
-  *finite = all_finite(p, dt, count);
+Status HostArrays::pack_checked(const PackTable &table, void *message,
+                                DType wire, float scale) {
+  rows_.clear();
+  NNCOMM_RETURN_IF_ERROR(pack_host(table, message, wire, scale, &rows_));
+  const size_t first = found_.size();
+  found_.resize(first + table.entries.size(), false);
+  for (size_t row : rows_)
+    found_[first + row] = true;
+  return Status::Ok();
+}
+
+Status HostArrays::check_finite(const void *p, size_t count, DType dt) {
+  found_.push_back(!all_finite(p, dt, count));
+  return Status::Ok();
+}
+
+Status HostArrays::findings(std::vector<bool> *nonfinite) {
+  nonfinite->swap(found_);
+  found_.clear();
   return Status::Ok();
 }
 

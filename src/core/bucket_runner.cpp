@@ -32,21 +32,12 @@ void staged_segments(const Bucket &bucket, const TensorTable &tensors,
   }
 }
 
-// Appends to `*tensors` the tensors of `bucket` at `rows` of its pack
-// table, whose rows are its non-empty segments in order.
-void tensors_of_rows(const Bucket &bucket, const std::vector<size_t> &rows,
-                     std::vector<size_t> *tensors) {
-  size_t row = 0;
-  auto next = rows.begin();
+// Appends to `*tensors` the tensor of each row of `bucket`'s pack table,
+// whose rows are its non-empty segments in order.
+void tensors_of_rows(const Bucket &bucket, std::vector<size_t> *tensors) {
   for (const Segment &s : bucket.segments) {
-    if (next == rows.end())
-      return;
-    if (s.count == 0)
-      continue;
-    if (row++ == *next) {
+    if (s.count != 0)
       tensors->push_back(s.tensor);
-      ++next;
-    }
   }
 }
 
@@ -61,19 +52,17 @@ Status BucketRunner::prepare(const std::vector<Bucket> &plan) {
 
 Status BucketRunner::start(size_t index, const Bucket &bucket,
                            const TensorTable &tensors, float scale,
-                           int divisor, bool zeros,
-                           std::vector<size_t> *nonfinite, WorkPtr *work) {
+                           int divisor, bool zeros, bool check,
+                           WorkPtr *work) {
   unpack_ = false;
   NNCOMM_RETURN_IF_ERROR(follow(index));
   const bool precise =
       transport_.scales_precisely(bucket.dtype, scale, divisor);
   if (void *piece = in_place(bucket, tensors, zeros, precise)) {
-    if (nonfinite != nullptr) {
-      bool finite = true;
+    if (check) {
       NNCOMM_RETURN_IF_ERROR(
-          memory_->check_finite(piece, bucket.count, bucket.dtype, &finite));
-      if (!finite)
-        nonfinite->push_back(bucket.segments[0].tensor);
+          memory_->check_finite(piece, bucket.count, bucket.dtype));
+      checked_.push_back(bucket.segments[0].tensor);
     }
     return transport_.start_allreduce(piece, bucket.count, bucket.dtype, scale,
                                       divisor, work);
@@ -84,11 +73,10 @@ Status BucketRunner::start(size_t index, const Bucket &bucket,
   NNCOMM_RETURN_IF_ERROR(
       memory_->reserve(table_.count * dtype_size(bucket.dtype), &buffer_));
   const ScalingSplit s = split_scaling(*memory_, bucket.dtype, scale, divisor);
-  if (nonfinite != nullptr && !zeros) {
-    nonfinite_rows_.clear();
-    NNCOMM_RETURN_IF_ERROR(memory_->pack_checked(
-        table_, buffer_, bucket.dtype, s.pack_scale, &nonfinite_rows_));
-    tensors_of_rows(bucket, nonfinite_rows_, nonfinite);
+  if (check && !zeros) {
+    NNCOMM_RETURN_IF_ERROR(
+        memory_->pack_checked(table_, buffer_, bucket.dtype, s.pack_scale));
+    tensors_of_rows(bucket, &checked_);
   } else {
     NNCOMM_RETURN_IF_ERROR(
         memory_->pack(table_, buffer_, bucket.dtype, s.pack_scale));
@@ -98,6 +86,23 @@ Status BucketRunner::start(size_t index, const Bucket &bucket,
   unpack_ = !zeros;
   return transport_.start_allreduce(buffer_, table_.count, bucket.dtype,
                                     s.reduce_scale, s.reduce_divisor, work);
+}
+
+Status BucketRunner::nonfinite(std::vector<size_t> *tensors) {
+  if (checked_.empty())
+    return Status::Ok();
+  Status status = memory_->findings(&found_);
+  if (status.ok() && found_.size() != checked_.size()) {
+    status = Status::RuntimeError(
+        "nncomm's NaN/infinity check lost track of its findings");
+  }
+  for (size_t i = 0; status.ok() && i < checked_.size(); ++i) {
+    if (found_[i])
+      tensors->push_back(checked_[i]);
+  }
+  // Checks of this iteration are never carried into the next.
+  checked_.clear();
+  return status;
 }
 
 Status BucketRunner::finish() {

@@ -335,8 +335,15 @@ Status Engine::close_iteration(bool failed, bool *any_failed, double *seconds) {
   if (span.on())
     span.args().iteration = iteration_;
   const auto elapsed = std::chrono::steady_clock::now() - started_;
-  // noted_ is complete: finish() was called after the last note.
+  // noted_ is complete: finish() was called after the last note. Every
+  // bucket's work has completed, so a device's findings are on the host,
+  // or on their way (DeviceArrays::findings); the round is the first point
+  // that needs them, so no transport waits for them (NCCL's would not).
   nonfinite_.insert(nonfinite_.end(), noted_.begin(), noted_.end());
+  // A rank that cannot read its findings takes part as a failed one, so
+  // that the others do not wait for it.
+  const Status collected = runner_->nonfinite(&nonfinite_);
+  failed = failed || !collected.ok();
   int64_t round[3] = {
       failed ? 1 : 0,
       std::chrono::duration_cast<std::chrono::microseconds>(elapsed).count(),
@@ -346,7 +353,8 @@ Status Engine::close_iteration(bool failed, bool *any_failed, double *seconds) {
                                    &polling_));
   *any_failed = round[0] > 0;
   *seconds = static_cast<double>(round[1]) * 1e-6;
-  return round[2] > 0 ? gather_nonfinite() : Status::Ok();
+  NNCOMM_RETURN_IF_ERROR(round[2] > 0 ? gather_nonfinite() : Status::Ok());
+  return collected;
 }
 
 Status Engine::gather_nonfinite() {
@@ -404,7 +412,7 @@ Status Engine::reduce_bucket(size_t b, bool failed, Phase *reached) {
     trace_bucket(span, b);
     NNCOMM_RETURN_IF_ERROR(runner_->start(
         b, plan_->buckets[b], TensorTable{ptrs_, dtypes_}, scale_, divisor_,
-        failed, check_finite_ && !failed ? &nonfinite_ : nullptr, &work));
+        failed, check_finite_ && !failed, &work));
   }
   *reached = Phase::kReducing;
   {

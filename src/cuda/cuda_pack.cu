@@ -33,17 +33,40 @@ constexpr int kWordBlocks = 2048 / kThreads;
 #endif
 
 // Block b moves tile b. kWords: every row travels as itself
-// (moves_words), so the conversions are left out of the kernel.
-template <bool kWords>
+// (moves_words), so the conversions are left out of the kernel. kCheck
+// (packing, NNCOMM_CHECK_FINITE): flags[row] is set where the row's tensor
+// holds a NaN or an infinity; the unchecked kernels have none of the
+// check's code, and `flags` is null there.
+template <bool kWords, bool kCheck>
 __global__ void __launch_bounds__(kThreads, kWords ? kWordBlocks : 4)
     pack_kernel(const PackEntry *__restrict__ table, size_t rows, char *bucket,
-                DType wire, bool packing, Scaling s, bool copy) {
+                DType wire, bool packing, Scaling s, bool copy,
+                unsigned *flags) {
   const Lane lane{threadIdx.x, blockDim.x};
+  Finding finding;
   if constexpr (kWords)
-    copy_bucket_tile(table, rows, bucket, wire, packing, blockIdx.x, lane);
+    copy_bucket_tile<kCheck>(table, rows, bucket, wire, packing, blockIdx.x,
+                             lane, &finding);
   else
-    move_bucket_tile(table, rows, bucket, wire, packing, s, copy, blockIdx.x,
-                     lane);
+    move_bucket_tile<kCheck>(table, rows, bucket, wire, packing, s, copy,
+                             blockIdx.x, lane, &finding);
+  // One vote per block (every thread of a block takes the same path to
+  // here); the blocks of a row that found one all store the same 1, so
+  // they need no atomic.
+  if constexpr (kCheck) {
+    if (__syncthreads_or(finding.nonfinite) && threadIdx.x == 0)
+      flags[finding.row] = 1;
+  }
+}
+
+// Block b checks tile b of `count` elements of `dt` at `p`; *flag is set
+// where one is a NaN or an infinity.
+__global__ void __launch_bounds__(kThreads)
+    finite_kernel(const void *p, size_t count, DType dt, unsigned *flag) {
+  const bool found =
+      check_tile(p, count, dt, blockIdx.x, Lane{threadIdx.x, blockDim.x});
+  if (__syncthreads_or(found) && threadIdx.x == 0)
+    *flag = 1;
 }
 
 // One table in device memory, and the pinned host buffer it is uploaded
@@ -200,8 +223,9 @@ CudaPacker::CudaPacker(std::unique_ptr<Device> device)
 CudaPacker::~CudaPacker() = default;
 
 Status CudaPacker::pack(const PackTable &table, void *bucket, DType wire,
-                        float scale, CudaStream stream, CudaEvent after) {
-  return launch(table, bucket, wire, scale, 1, true, stream, after);
+                        float scale, CudaStream stream, CudaEvent after,
+                        unsigned *flags) {
+  return launch(table, bucket, wire, scale, 1, true, stream, after, flags);
 }
 
 Status CudaPacker::unpack(const PackTable &table, const void *bucket,
@@ -209,12 +233,14 @@ Status CudaPacker::unpack(const PackTable &table, const void *bucket,
                           CudaStream stream, CudaEvent after) {
   if (divisor < 1)
     return Status::InvalidArgument("divisor must be at least 1");
-  return launch(table, bucket, wire, scale, divisor, false, stream, after);
+  return launch(table, bucket, wire, scale, divisor, false, stream, after,
+                nullptr);
 }
 
 Status CudaPacker::launch(const PackTable &table, const void *bucket,
                           DType wire, float scale, int divisor, bool packing,
-                          CudaStream stream, CudaEvent after) {
+                          CudaStream stream, CudaEvent after,
+                          unsigned *flags) {
   if (!cuda_packs(wire)) {
     return Status::InvalidArgument(
         "the CUDA packer moves float32, float16 and bfloat16 only; the wire "
@@ -262,15 +288,38 @@ Status CudaPacker::launch(const PackTable &table, const void *bucket,
   char *out = const_cast<char *>(static_cast<const char *>(bucket));
   Scaling scaling = make_scaling(scale, divisor);
   bool copy = scale == 1.0f && divisor == 1;
-  void *args[] = {&on_device, &count, &out, &wire, &packing, &scaling, &copy};
+  void *args[] = {&on_device, &count,   &out,  &wire,
+                  &packing,   &scaling, &copy, &flags};
+  const void *kernels[2][2] = {
+      {reinterpret_cast<const void *>(&pack_kernel<false, false>),
+       reinterpret_cast<const void *>(&pack_kernel<false, true>)},
+      {reinterpret_cast<const void *>(&pack_kernel<true, false>),
+       reinterpret_cast<const void *>(&pack_kernel<true, true>)}};
   const void *kernel =
-      moves_words(rows.data(), rows.size(), wire, copy)
-          ? reinterpret_cast<const void *>(&pack_kernel<true>)
-          : reinterpret_cast<const void *>(&pack_kernel<false>);
+      kernels[moves_words(rows.data(), rows.size(), wire, copy)]
+             [flags != nullptr];
   NNCOMM_CUDA_CALL(cudaLaunchKernel, kernel,
                    dim3(static_cast<unsigned>(tiles)), dim3(kThreads),
                    args, size_t(0), s);
   NNCOMM_CUDA_CALL(cudaEventRecord, device_->last_work, s);
+  return Status::Ok();
+}
+
+Status cuda_check_finite(const void *p, size_t count, DType dt,
+                         unsigned *flag, CudaStream stream) {
+  if (!dtype_is_floating(dt) || count == 0)
+    return Status::Ok(); // integers hold no NaN, as on the host
+  const uint64_t tiles =
+      (count + check_tile_elements(dt) - 1) / check_tile_elements(dt);
+  if (tiles > static_cast<uint64_t>(INT_MAX)) {
+    return Status::InvalidArgument("array too large for one check (" +
+                                   std::to_string(count) + " elements)");
+  }
+  void *args[] = {&p, &count, &dt, &flag};
+  NNCOMM_CUDA_CALL(cudaLaunchKernel,
+                   reinterpret_cast<const void *>(&finite_kernel),
+                   dim3(static_cast<unsigned>(tiles)), dim3(kThreads), args,
+                   size_t(0), static_cast<cudaStream_t>(stream));
   return Status::Ok();
 }
 

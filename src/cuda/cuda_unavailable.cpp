@@ -34,7 +34,11 @@ CudaPacker::CudaPacker(std::unique_ptr<Device> device)
 CudaPacker::~CudaPacker() = default;
 
 Status CudaPacker::pack(const PackTable &, void *, DType, float, CudaStream,
-                        CudaEvent) {
+                        CudaEvent, unsigned *) {
+  return unavailable();
+}
+
+Status cuda_check_finite(const void *, size_t, DType, unsigned *, CudaStream) {
   return unavailable();
 }
 

@@ -13,6 +13,11 @@
 // same element; rows whose two sides are misaligned differently move
 // element by element. Rows of the wire dtype at scale 1 are copied as
 // words, converting rows a pair of elements per conversion.
+//
+// With the NaN/infinity check on (NNCOMM_CHECK_FINITE), a lane also tests
+// the exponent bits of each source element it moves, and the kernel
+// combines the lanes' findings into one flag per row; the unchecked
+// kernels are instantiated without any of it (Unwatched).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -22,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "nncomm/cuda/cuda_pack.hpp"
@@ -128,6 +134,76 @@ template <typename T, int N> struct alignas(sizeof(T) * N) Vector {
   T v[N];
 };
 
+// A dtype's exponent field in every element of a 64-bit word: all ones
+// there is a NaN or an infinity, in each IEEE dtype, as the host's
+// all_finite tests it (denormals and -0.0 are finite). Floating dtypes
+// only.
+NNCOMM_HD inline uint64_t exponent_field(DType dt) {
+  switch (dt) {
+  case DType::kFloat32: return 0x7f8000007f800000ull;
+  case DType::kFloat16: return 0x7c007c007c007c00ull;
+  case DType::kBFloat16: return 0x7f807f807f807f80ull;
+  default: return 0x7ff0000000000000ull; // float64
+  }
+}
+
+template <typename T> NNCOMM_HD DType dtype_of();
+template <> NNCOMM_HD inline DType dtype_of<float>() { return DType::kFloat32; }
+template <> NNCOMM_HD inline DType dtype_of<__half>() {
+  return DType::kFloat16;
+}
+template <> NNCOMM_HD inline DType dtype_of<__nv_bfloat16>() {
+  return DType::kBFloat16;
+}
+
+// What a lane notes of the source values it moves, unchecked: nothing.
+struct Unwatched {
+  NNCOMM_HD explicit Unwatched(uint64_t) {}
+  template <typename V> NNCOMM_HD void see(const V &) {}
+};
+
+// What a lane notes of the source values it moves, checked: whether one of
+// them, elements of kSize bytes with exponent field `field`, is a NaN or
+// an infinity. Values are tested where they are stored, after the lane's
+// batch of loads has been issued, so the test never holds a load back;
+// in words of 32 bits (64 for float64), a few integer instructions a word.
+template <int kSize> struct Watch {
+  using Word = std::conditional_t<kSize == 8, uint64_t, uint32_t>;
+  NNCOMM_HD explicit Watch(uint64_t exponent) : field(Word(exponent)) {}
+  template <typename V> NNCOMM_HD void see(const V &v) {
+    constexpr int kWords = (sizeof(V) + sizeof(Word) - 1) / sizeof(Word);
+    Word w[kWords] = {};
+    memcpy(w, &v, sizeof(V));
+    for (int i = 0; i < kWords; ++i) {
+      // Zero in an element exactly where its exponent is all ones; a value
+      // narrower than the word leaves the rest zero bits, which are finite.
+      const Word y = (w[i] & field) ^ field;
+      if constexpr (kSize == 2) {
+        // Whether either half is zero: neither has bit 15 set (the sign
+        // bit is outside the field), so it is set after subtracting 1
+        // from each half exactly when one of them was zero.
+        found |= ((y - 0x00010001u) & ~y & 0x80008000u) != 0;
+      } else {
+        found |= y == 0;
+      }
+    }
+  }
+  Word field;
+  bool found = false;
+};
+
+// The watch of source elements of type T (checked: Watch; else Unwatched).
+template <bool kCheck, typename T>
+using WatchOf = std::conditional_t<kCheck, Watch<sizeof(T)>, Unwatched>;
+
+// What one lane of a checked launch found in its part of a tile: the
+// tile's row, and whether a NaN or an infinity was among the source
+// elements it moved.
+struct Finding {
+  size_t row = 0;
+  bool nonfinite = false;
+};
+
 // [*first, *last): the part of a row's elements [begin, end) that moves in
 // vectors of N elements, each side's vectors aligned to their size. It
 // starts at the first element where the destination's are, if the
@@ -189,20 +265,26 @@ NNCOMM_HD void move_vectors(size_t n, Lane lane, Load load, Store store) {
 // Elements [begin, end) of a row copied bit for bit, NaN payloads
 // included, as the host copies them: whatever the dtype, 16-byte words
 // with no conversion.
-template <typename T>
+template <typename T, typename W>
 NNCOMM_HD void copy_row(T *dst, const T *src, size_t begin, size_t end,
-                        Lane lane) {
+                        Lane lane, W &watch) {
   constexpr int N = 16 / sizeof(T);
   size_t first, last;
   vector_span<N>(reinterpret_cast<uintptr_t>(dst), sizeof(T),
                  reinterpret_cast<uintptr_t>(src), sizeof(T), begin, end,
                  &first, &last);
-  move_edges(begin, first, last, end, lane, [&](size_t i) { dst[i] = src[i]; });
+  move_edges(begin, first, last, end, lane, [&](size_t i) {
+    watch.see(src[i]);
+    dst[i] = src[i];
+  });
   const uint4 *s = reinterpret_cast<const uint4 *>(src + first);
   uint4 *d = reinterpret_cast<uint4 *>(dst + first);
   move_vectors<uint4>(
       (last - first) / N, lane, [&](size_t k) { return s[k]; },
-      [&](size_t k, const uint4 &v) { d[k] = v; });
+      [&](size_t k, const uint4 &v) {
+        watch.see(v);
+        d[k] = v;
+      });
 }
 
 // Elements [begin, end) of a row set to zero (a segment without a tensor).
@@ -224,9 +306,9 @@ NNCOMM_HD void zero_row(T *dst, size_t begin, size_t end, Lane lane) {
 // whole 32-byte sectors on both sides (16 bytes of the narrower side would
 // make the wider one two accesses each writing half of every sector it
 // touches, which cost unpack to float32 a third of its speed).
-template <typename Dst, typename Src>
+template <typename Dst, typename Src, typename W>
 NNCOMM_HD void convert_row(Dst *dst, const Src *src, size_t begin,
-                           size_t end, Scaling s, Lane lane) {
+                           size_t end, Scaling s, Lane lane, W &watch) {
   constexpr int N = 16 / (sizeof(Dst) > sizeof(Src) ? sizeof(Dst)
                                                      : sizeof(Src));
   size_t first, last;
@@ -234,6 +316,7 @@ NNCOMM_HD void convert_row(Dst *dst, const Src *src, size_t begin,
                  reinterpret_cast<uintptr_t>(src), sizeof(Src), begin, end,
                  &first, &last);
   move_edges(begin, first, last, end, lane, [&](size_t i) {
+    watch.see(src[i]);
     dst[i] = from_float<Dst>(scaled(to_float(src[i]), s));
   });
   using In = Vector<Src, N>;
@@ -243,6 +326,7 @@ NNCOMM_HD void convert_row(Dst *dst, const Src *src, size_t begin,
   move_vectors<In>(
       (last - first) / N, lane, [&](size_t k) { return sv[k]; },
       [&](size_t k, const In &in) {
+        watch.see(in);
         Out out;
         for (int j = 0; j < N; j += 2) {
           const float2 v = load2(in.v + j);
@@ -253,11 +337,11 @@ NNCOMM_HD void convert_row(Dst *dst, const Src *src, size_t begin,
 }
 
 // Moves elements [begin, end) of one row: dst[i] = convert(src[i]), or
-// zeros when src is null. `copy`: scale and divisor are both 1, so rows
-// of the wire dtype are copied bit for bit.
-template <typename Dst, typename Src>
+// zeros when src is null; `watch` sees each src[i]. `copy`: scale and
+// divisor are both 1, so rows of the wire dtype are copied bit for bit.
+template <typename Dst, typename Src, typename W>
 NNCOMM_HD void move_row(Dst *dst, const Src *src, size_t begin, size_t end,
-                        Scaling s, bool copy, Lane lane) {
+                        Scaling s, bool copy, Lane lane, W &watch) {
   // Zeros and copies move words (the word-copy kernel's code): +0 is all
   // zero bits in every dtype moved.
   using Word = std::conditional_t<sizeof(Dst) == 4, uint32_t, uint16_t>;
@@ -268,42 +352,50 @@ NNCOMM_HD void move_row(Dst *dst, const Src *src, size_t begin, size_t end,
   if constexpr (std::is_same<Dst, Src>::value) {
     if (copy) {
       copy_row(reinterpret_cast<Word *>(dst),
-               reinterpret_cast<const Word *>(src), begin, end, lane);
+               reinterpret_cast<const Word *>(src), begin, end, lane, watch);
       return;
     }
   }
-  convert_row(dst, src, begin, end, s, lane);
+  convert_row(dst, src, begin, end, s, lane, watch);
 }
 
-template <typename Dst, typename Src>
+// kCheck: packing only, the tensor's elements are checked as they move.
+template <bool kCheck, typename Dst, typename Src>
 NNCOMM_HD void move_tile(const PackEntry &e, char *bucket, bool packing,
                          size_t begin, size_t end, Scaling s, bool copy,
-                         Lane lane) {
+                         Lane lane, Finding *finding) {
   if (packing) {
+    WatchOf<kCheck, Src> watch(exponent_field(dtype_of<Src>()));
     move_row(reinterpret_cast<Dst *>(bucket) + e.bucket_offset,
              reinterpret_cast<const Src *>(e.address), begin, end, s, copy,
-             lane);
+             lane, watch);
+    if constexpr (kCheck)
+      finding->nonfinite |= watch.found;
   } else {
+    Unwatched none(0);
     move_row(reinterpret_cast<Dst *>(e.address),
              reinterpret_cast<const Src *>(bucket) + e.bucket_offset, begin,
-             end, s, copy, lane);
+             end, s, copy, lane, none);
   }
 }
 
-template <typename Dst>
+template <bool kCheck, typename Dst>
 NNCOMM_HD void dispatch_source(DType src, const PackEntry &e, char *bucket,
                                bool packing, size_t begin, size_t end,
-                               Scaling s, bool copy, Lane lane) {
+                               Scaling s, bool copy, Lane lane,
+                               Finding *finding) {
   switch (src) {
   case DType::kFloat32:
-    move_tile<Dst, float>(e, bucket, packing, begin, end, s, copy, lane);
+    move_tile<kCheck, Dst, float>(e, bucket, packing, begin, end, s, copy,
+                                  lane, finding);
     break;
   case DType::kFloat16:
-    move_tile<Dst, __half>(e, bucket, packing, begin, end, s, copy, lane);
+    move_tile<kCheck, Dst, __half>(e, bucket, packing, begin, end, s, copy,
+                                   lane, finding);
     break;
   case DType::kBFloat16:
-    move_tile<Dst, __nv_bfloat16>(e, bucket, packing, begin, end, s, copy,
-                                  lane);
+    move_tile<kCheck, Dst, __nv_bfloat16>(e, bucket, packing, begin, end, s,
+                                          copy, lane, finding);
     break;
   default: break;
   }
@@ -312,8 +404,8 @@ NNCOMM_HD void dispatch_source(DType src, const PackEntry &e, char *bucket,
 // The row that tile `tile` of a bucket of `wire` belongs to, and the
 // tile's elements [*begin, *end) in it.
 NNCOMM_HD inline PackEntry find_tile(const PackEntry *table, size_t rows,
-                                     DType wire, uint64_t tile, size_t *begin,
-                                     size_t *end) {
+                                     DType wire, uint64_t tile, size_t *row,
+                                     size_t *begin, size_t *end) {
   size_t lo = 0, hi = rows; // the last row with first_tile <= tile
   while (hi - lo > 1) {
     const size_t mid = (lo + hi) / 2;
@@ -322,6 +414,7 @@ NNCOMM_HD inline PackEntry find_tile(const PackEntry *table, size_t rows,
     else
       hi = mid;
   }
+  *row = lo;
   const PackEntry e = table[lo];
   const uint64_t per_tile = tile_elements(static_cast<DType>(e.dtype), wire);
   *begin = (tile - e.first_tile) * per_tile;
@@ -333,13 +426,17 @@ NNCOMM_HD inline PackEntry find_tile(const PackEntry *table, size_t rows,
 // of the kernel does, `lane` being one of its threads. `copy`: scale and
 // divisor are both 1, so rows of the wire dtype are copied bit for bit, as
 // the host copies them (decided from the caller's values, not from the
-// folded scaling, which maps e.g. scale 2 / divisor 2 to 1).
-NNCOMM_HD inline void move_bucket_tile(const PackEntry *table, size_t rows,
-                                       char *bucket, DType wire, bool packing,
-                                       Scaling s, bool copy, uint64_t tile,
-                                       Lane lane) {
-  size_t begin, end;
-  const PackEntry e = find_tile(table, rows, wire, tile, &begin, &end);
+// folded scaling, which maps e.g. scale 2 / divisor 2 to 1). kCheck
+// (packing): `*finding` says what the lane found.
+template <bool kCheck = false>
+NNCOMM_HD void move_bucket_tile(const PackEntry *table, size_t rows,
+                                char *bucket, DType wire, bool packing,
+                                Scaling s, bool copy, uint64_t tile, Lane lane,
+                                Finding *finding = nullptr) {
+  size_t index, begin, end;
+  const PackEntry e = find_tile(table, rows, wire, tile, &index, &begin, &end);
+  if constexpr (kCheck)
+    finding->row = index;
   if (!packing && e.address == 0)
     return; // rows without a tensor are left out when unpacking
   const DType row = static_cast<DType>(e.dtype);
@@ -347,15 +444,16 @@ NNCOMM_HD inline void move_bucket_tile(const PackEntry *table, size_t rows,
   const DType dst = packing ? wire : row;
   switch (dst) {
   case DType::kFloat32:
-    dispatch_source<float>(src, e, bucket, packing, begin, end, s, copy, lane);
+    dispatch_source<kCheck, float>(src, e, bucket, packing, begin, end, s,
+                                   copy, lane, finding);
     break;
   case DType::kFloat16:
-    dispatch_source<__half>(src, e, bucket, packing, begin, end, s, copy,
-                            lane);
+    dispatch_source<kCheck, __half>(src, e, bucket, packing, begin, end, s,
+                                    copy, lane, finding);
     break;
   case DType::kBFloat16:
-    dispatch_source<__nv_bfloat16>(src, e, bucket, packing, begin, end, s,
-                                   copy, lane);
+    dispatch_source<kCheck, __nv_bfloat16>(src, e, bucket, packing, begin,
+                                           end, s, copy, lane, finding);
     break;
   default: break;
   }
@@ -371,37 +469,99 @@ inline bool moves_words(const PackEntry *table, size_t rows, DType wire,
 }
 
 // Elements [begin, end) of a row between its bucket slot and its tensor
-// (null: zeros), as words.
-template <typename W>
-NNCOMM_HD void copy_words(W *slot, W *tensor, bool packing, size_t begin,
-                          size_t end, Lane lane) {
+// (null: zeros), as words of a dtype whose exponent field is `exponent`;
+// the tensor's words are checked when packing with kCheck.
+template <bool kCheck, typename W>
+NNCOMM_HD bool copy_words(W *slot, W *tensor, bool packing, size_t begin,
+                          size_t end, uint64_t exponent, Lane lane) {
+  WatchOf<kCheck, W> watch(exponent);
+  Unwatched none(0);
   if (!packing)
-    copy_row(tensor, slot, begin, end, lane);
+    copy_row(tensor, slot, begin, end, lane, none);
   else if (tensor == nullptr)
     zero_row(slot, begin, end, lane);
   else
-    copy_row(slot, tensor, begin, end, lane);
+    copy_row(slot, tensor, begin, end, lane, watch);
+  if constexpr (kCheck)
+    return watch.found;
+  return false;
 }
 
 // move_bucket_tile where moves_words holds: words of the wire dtype's size
 // copied, or zeroed, with no conversion in the kernel. Its few registers
 // let half as many blocks again share a multiprocessor, each keeping its
 // loads in flight.
-NNCOMM_HD inline void copy_bucket_tile(const PackEntry *table, size_t rows,
-                                       char *bucket, DType wire, bool packing,
-                                       uint64_t tile, Lane lane) {
-  size_t begin, end;
-  const PackEntry e = find_tile(table, rows, wire, tile, &begin, &end);
+template <bool kCheck = false>
+NNCOMM_HD void copy_bucket_tile(const PackEntry *table, size_t rows,
+                                char *bucket, DType wire, bool packing,
+                                uint64_t tile, Lane lane,
+                                Finding *finding = nullptr) {
+  size_t row, begin, end;
+  const PackEntry e = find_tile(table, rows, wire, tile, &row, &begin, &end);
   if (!packing && e.address == 0)
     return;
+  const uint64_t exponent = kCheck ? exponent_field(wire) : 0;
+  bool found;
   if (moved_size(wire) == 4) {
-    copy_words(reinterpret_cast<uint32_t *>(bucket) + e.bucket_offset,
-               reinterpret_cast<uint32_t *>(e.address), packing, begin, end,
-               lane);
+    found = copy_words<kCheck>(
+        reinterpret_cast<uint32_t *>(bucket) + e.bucket_offset,
+        reinterpret_cast<uint32_t *>(e.address), packing, begin, end,
+        exponent, lane);
   } else {
-    copy_words(reinterpret_cast<uint16_t *>(bucket) + e.bucket_offset,
-               reinterpret_cast<uint16_t *>(e.address), packing, begin, end,
-               lane);
+    found = copy_words<kCheck>(
+        reinterpret_cast<uint16_t *>(bucket) + e.bucket_offset,
+        reinterpret_cast<uint16_t *>(e.address), packing, begin, end,
+        exponent, lane);
+  }
+  if constexpr (kCheck) {
+    finding->row = row;
+    finding->nonfinite |= found;
+  }
+}
+
+// Elements of a tile of an array that is only checked, not moved (a
+// bucket reduced in place, a float64 row): the check kernel's tiles are
+// kPackTileBytes of `dt`.
+NNCOMM_HD inline uint64_t check_tile_elements(DType dt) {
+  return kPackTileBytes / (dt == DType::kFloat64 ? 8 : moved_size(dt));
+}
+
+// Whether lane `lane` of block `tile` of the check kernel finds a NaN or
+// an infinity among the `count` elements of floating dtype `dt` at `p`:
+// the loads of copy_row, without its stores.
+template <typename T>
+NNCOMM_HD bool check_words(const T *p, size_t begin, size_t end,
+                           uint64_t exponent, Lane lane) {
+  constexpr int N = 16 / sizeof(T);
+  Watch<sizeof(T)> watch(exponent);
+  size_t first, last;
+  vector_span<N>(reinterpret_cast<uintptr_t>(p), sizeof(T),
+                 reinterpret_cast<uintptr_t>(p), sizeof(T), begin, end,
+                 &first, &last);
+  move_edges(begin, first, last, end, lane, [&](size_t i) { watch.see(p[i]); });
+  const uint4 *v = reinterpret_cast<const uint4 *>(p + first);
+  move_vectors<uint4>(
+      (last - first) / N, lane, [&](size_t k) { return v[k]; },
+      [&](size_t, const uint4 &w) { watch.see(w); });
+  return watch.found;
+}
+
+NNCOMM_HD inline bool check_tile(const void *p, size_t count, DType dt,
+                                 uint64_t tile, Lane lane) {
+  const uint64_t per_tile = check_tile_elements(dt);
+  const size_t begin = tile * per_tile;
+  const size_t end = begin + per_tile < count ? begin + per_tile : count;
+  const uint64_t exponent = exponent_field(dt);
+  switch (dt) {
+  case DType::kFloat64:
+    return check_words(static_cast<const uint64_t *>(p), begin, end, exponent,
+                       lane);
+  case DType::kFloat32:
+    return check_words(static_cast<const uint32_t *>(p), begin, end, exponent,
+                       lane);
+  default:
+    return check_words(static_cast<const uint16_t *>(p), begin, end, exponent,
+                       lane);
   }
 }
 

@@ -12,10 +12,12 @@
 // kernel shows up as wrong data, and freeing memory that pending work uses
 // (cudaFree's synchronisation is not promised) stops the program.
 //
-// The only kernel it runs is the packing kernel, decoded from its argument
-// array after checking the mangled name it was registered under; its body
-// is pack_tile.cuh's move_bucket_tile, run block by block and thread by
-// thread (as tests/cuda_emulation/emulate_pack.cu does).
+// The only kernels it runs are the packing kernel and the NaN/infinity
+// check's, decoded from their argument arrays after checking the mangled
+// name each was registered under; their bodies are pack_tile.cuh's tile
+// functions, run block by block and thread by thread (as
+// tests/cuda_emulation/emulate_pack.cu does), a block's vote
+// (__syncthreads_or) being the OR of its threads' findings.
 #include "fake_cudart.hpp"
 #include "cuda/pack_tile.cuh"
 
@@ -37,13 +39,18 @@
 namespace {
 
 constexpr int kDevices = 2;
-// The packer's two kernels: the general one and the word copy.
-std::string pack_kernel_name(bool words) {
+// The packer's kernels: the general one and the word copy, each with and
+// without the NaN/infinity check.
+std::string pack_kernel_name(bool words, bool check) {
   return std::string("void nncomm::(anonymous namespace)::pack_kernel<") +
-         (words ? "true" : "false") +
+         (words ? "true" : "false") + ", " + (check ? "true" : "false") +
          ">(nncomm::PackEntry const*, unsigned long, char*, nncomm::DType, "
-         "bool, nncomm::Scaling, bool)";
+         "bool, nncomm::Scaling, bool, unsigned int*)";
 }
+
+const char kFiniteKernel[] =
+    "nncomm::(anonymous namespace)::finite_kernel(void const*, unsigned "
+    "long, nncomm::DType, unsigned int*)";
 
 struct Op {
   std::vector<std::shared_ptr<Op>> after;
@@ -233,8 +240,10 @@ std::string demangle(const std::string &name) {
 void run_pack_kernel(int device, bool words, dim3 grid, dim3 block,
                      const nncomm::PackEntry *table, size_t rows, char *bucket,
                      nncomm::DType wire, bool packing, nncomm::Scaling s,
-                     bool copy) {
+                     bool copy, unsigned *flags) {
   Runtime &r = rt();
+  if (flags != nullptr && !packing)
+    violation("the checking pack_kernel launched to unpack");
   if (words && !nncomm::moves_words(table, rows, wire, copy))
     violation("the word-copy pack_kernel launched for rows that convert");
   const nncomm::PackEntry &last = table[rows - 1];
@@ -260,14 +269,42 @@ void run_pack_kernel(int device, bool words, dim3 grid, dim3 block,
               "device");
   }
   for (unsigned b = 0; b < grid.x; ++b) {
+    nncomm::Finding block_found;
     for (unsigned t = 0; t < block.x; ++t) {
       const nncomm::Lane lane{t, block.x};
-      if (words)
+      nncomm::Finding found;
+      if (flags == nullptr && words)
         nncomm::copy_bucket_tile(table, rows, bucket, wire, packing, b, lane);
-      else
+      else if (flags == nullptr)
         nncomm::move_bucket_tile(table, rows, bucket, wire, packing, s, copy,
                                  b, lane);
+      else if (words)
+        nncomm::copy_bucket_tile<true>(table, rows, bucket, wire, packing, b,
+                                       lane, &found);
+      else
+        nncomm::move_bucket_tile<true>(table, rows, bucket, wire, packing, s,
+                                       copy, b, lane, &found);
+      block_found.row = found.row;
+      block_found.nonfinite |= found.nonfinite;
     }
+    if (block_found.nonfinite)
+      flags[block_found.row] = 1;
+  }
+}
+
+void run_finite_kernel(dim3 grid, dim3 block, const void *p, size_t count,
+                       nncomm::DType dt, unsigned *flag) {
+  const uint64_t per_tile = nncomm::check_tile_elements(dt);
+  if (grid.x != (count + per_tile - 1) / per_tile) {
+    violation("finite_kernel launched with " + std::to_string(grid.x) +
+              " blocks for " + std::to_string(count) + " elements");
+  }
+  for (unsigned b = 0; b < grid.x; ++b) {
+    bool found = false;
+    for (unsigned t = 0; t < block.x; ++t)
+      found |= nncomm::check_tile(p, count, dt, b, nncomm::Lane{t, block.x});
+    if (found)
+      *flag = 1;
   }
 }
 
@@ -570,10 +607,6 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block,
   if (it == r.kernels.end())
     violation("cudaLaunchKernel of a function never registered");
   const std::string name = demangle(it->second);
-  const bool words = name == pack_kernel_name(true);
-  if (!words && name != pack_kernel_name(false))
-    violation("the fake runs nncomm's pack_kernel<false> and <true> only, "
-              "not " + name);
   if (grid.x == 0 || grid.y != 1 || grid.z != 1 || block.x == 0 ||
       block.x > 1024 || block.y != 1 || block.z != 1 || shared != 0)
     return cudaErrorInvalidValue;
@@ -581,6 +614,31 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block,
   if (s->device != current_device)
     return cudaErrorInvalidResourceHandle;
   // Arguments are copied at launch, as CUDA does.
+  if (name == kFiniteKernel) {
+    auto p = *static_cast<const void *const *>(args[0]);
+    auto count = *static_cast<const size_t *>(args[1]);
+    auto dt = *static_cast<const nncomm::DType *>(args[2]);
+    auto flag = *static_cast<unsigned *const *>(args[3]);
+    const char *array = r.find(p, count * nncomm::dtype_size(dt), s->device);
+    const char *flag_allocation = r.find(flag, sizeof *flag, s->device);
+    if (array == nullptr || flag_allocation == nullptr)
+      violation("finite_kernel's array or flag is not device memory of its "
+                "device");
+    OpPtr op = std::make_shared<Op>();
+    op->work = [=] { run_finite_kernel(grid, block, p, count, dt, flag); };
+    op->uses = {array, flag_allocation};
+    r.enqueue(s, op);
+    ++r.launches;
+    return cudaSuccess;
+  }
+  bool words = false, check = false;
+  for (int k = 0; k < 4; ++k) {
+    if (name == pack_kernel_name(k & 1, k & 2))
+      words = k & 1, check = k & 2;
+  }
+  if (name != pack_kernel_name(words, check))
+    violation("the fake runs nncomm's pack_kernel and finite_kernel only, "
+              "not " + name);
   auto table = *static_cast<const nncomm::PackEntry *const *>(args[0]);
   auto rows = *static_cast<const size_t *>(args[1]);
   auto bucket = *static_cast<char *const *>(args[2]);
@@ -588,17 +646,26 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block,
   auto packing = *static_cast<const bool *>(args[4]);
   auto scaling = *static_cast<const nncomm::Scaling *>(args[5]);
   auto copy = *static_cast<const bool *>(args[6]);
+  auto flags = *static_cast<unsigned *const *>(args[7]);
+  if ((flags != nullptr) != check)
+    violation("pack_kernel's flags do not match its check");
   const char *table_allocation =
       r.find(table, rows * sizeof(nncomm::PackEntry), s->device);
   if (rows == 0 || table_allocation == nullptr)
     violation("pack_kernel's table is not device memory of its device");
+  const char *flags_allocation =
+      check ? r.find(flags, rows * sizeof *flags, s->device) : nullptr;
+  if (check && flags_allocation == nullptr)
+    violation("pack_kernel's flags are not device memory of its device");
   const int device = s->device;
   OpPtr op = std::make_shared<Op>();
   op->work = [=] {
     run_pack_kernel(device, words, grid, block, table, rows, bucket, wire,
-                    packing, scaling, copy);
+                    packing, scaling, copy, flags);
   };
   op->uses = {table_allocation};
+  if (check)
+    op->uses.push_back(flags_allocation);
   r.enqueue(s, op);
   ++r.launches;
   return cudaSuccess;

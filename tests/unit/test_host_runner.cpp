@@ -43,7 +43,7 @@ void run_bucket(FakeWorld &world, const Reduction &r,
     }
     WorkPtr work;
     CHECK_OK(runner.start(0, r.bucket, TensorTable{ptrs, dtypes}, r.scale,
-                          r.divisor, rank == r.zeros_rank, nullptr, &work));
+                          r.divisor, rank == r.zeros_rank, false, &work));
     CHECK_OK(wait_for(*work, rank == 0, nullptr));
     CHECK_OK(runner.finish());
   });

@@ -3,7 +3,7 @@
 // the list collectives (collectives.hpp) serves host memory (HostArrays,
 // below) and CUDA device memory (DeviceArrays, device_arrays.hpp) alike.
 // Operations on device memory are ordered on the transport's stream; only
-// get() makes the host wait.
+// get() and findings() make the host wait.
 #pragma once
 
 #include <cstddef>
@@ -36,27 +36,20 @@ public:
   virtual Status get(void *host, const void *src, size_t bytes) = 0;
   // Whether pack() and unpack() can scale and divide messages of `wire`.
   virtual bool scales(DType wire) const { return true; }
-  // pack(), also appending to `*nonfinite` the index of each row of
-  // `table` whose tensor holds a NaN or an infinity (NNCOMM_CHECK_FINITE).
-  // Host memory only, so far: elsewhere it fails.
+  // The NaN/infinity check (NNCOMM_CHECK_FINITE). Each check makes
+  // findings, which findings() hands over in the order they were made:
+  // one per row of `table` for pack_checked(), one for check_finite(). On
+  // a device they reach the host only there, so that checking never makes
+  // the host wait for the device.
+  //
+  // pack(), also checking each row's tensor as it is read.
   virtual Status pack_checked(const PackTable &table, void *message,
-                              DType wire, float scale,
-                              std::vector<size_t> *nonfinite) {
-    return unchecked();
-  }
-  // `*finite`: whether the `count` elements of `dt` at `p` hold no NaN and
-  // no infinity. Host memory only, so far, as pack_checked().
-  virtual Status check_finite(const void *p, size_t count, DType dt,
-                              bool *finite) {
-    return unchecked();
-  }
-
-private:
-  static Status unchecked() {
-    return Status::InvalidArgument(
-        "nncomm checks gradients for NaN and infinity (check_finite) in "
-        "host memory only, so far");
-  }
+                              DType wire, float scale) = 0;
+  // Checks the `count` elements of `dt` at `p`.
+  virtual Status check_finite(const void *p, size_t count, DType dt) = 0;
+  // `*nonfinite` refilled with the findings of the checks made since the
+  // last call: true where a NaN or an infinity was found.
+  virtual Status findings(std::vector<bool> *nonfinite) = 0;
 };
 
 // Where a reduction's `scale` and `divisor` are applied to a message of
@@ -99,14 +92,14 @@ public:
     return copy(host, src, bytes);
   }
   Status pack_checked(const PackTable &table, void *message, DType wire,
-                      float scale, std::vector<size_t> *nonfinite) override {
-    return pack_host(table, message, wire, scale, nonfinite);
-  }
-  Status check_finite(const void *p, size_t count, DType dt,
-                      bool *finite) override;
+                      float scale) override;
+  Status check_finite(const void *p, size_t count, DType dt) override;
+  Status findings(std::vector<bool> *nonfinite) override;
 
 private:
   FusionBuffer fusion_;
+  std::vector<size_t> rows_; // pack_host's finding, reused
+  std::vector<bool> found_;  // since the last findings()
 };
 
 } // namespace nncomm

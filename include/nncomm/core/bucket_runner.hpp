@@ -52,17 +52,23 @@ public:
   virtual Status ready(size_t index) { return Status::Ok(); }
   // Starts reducing bucket `index` of the plan, `bucket`: every rank's
   // segments times `scale`, summed, divided by `divisor`. With `zeros`
-  // (this rank failed), sends zeros and writes nothing back. With
-  // `nonfinite` (NNCOMM_CHECK_FINITE), appends to it each tensor whose
-  // segment holds a NaN or an infinity, checked as it is packed (or before
-  // it is reduced in place), and sends the bucket all the same. `*work`
-  // completes with the reduction.
+  // (this rank failed), sends zeros and writes nothing back. With `check`
+  // (NNCOMM_CHECK_FINITE), the segments are checked for NaN and infinity
+  // as they are packed (or before they are reduced in place), for
+  // nonfinite(), and the bucket is sent all the same. `*work` completes
+  // with the reduction.
   Status start(size_t index, const Bucket &bucket, const TensorTable &tensors,
-               float scale, int divisor, bool zeros,
-               std::vector<size_t> *nonfinite, WorkPtr *work);
+               float scale, int divisor, bool zeros, bool check,
+               WorkPtr *work);
   // Writes the bucket started last back into its tensors, once its work
   // has completed.
   virtual Status finish();
+  // Appends to `*tensors` each tensor whose segment held a NaN or an
+  // infinity in the buckets started with `check` since the last call,
+  // which must all be reduced (their work completed): on a device, the
+  // findings are then known to be on their way to the host, and no wait
+  // for the device is added before the transport's.
+  Status nonfinite(std::vector<size_t> *tensors);
   // Every bucket of the iteration is reduced and written back: makes the
   // framework's later work see them. Called on the framework's thread.
   virtual Status close() { return Status::Ok(); }
@@ -76,7 +82,8 @@ private:
   Transport &transport_;
   const std::unique_ptr<ArrayMemory> memory_;
   std::vector<PackSegment> segments_;
-  std::vector<size_t> nonfinite_rows_; // of table_, while checking
+  std::vector<size_t> checked_; // the tensor of each finding, in order
+  std::vector<bool> found_;     // the findings, reused
   // The staged bucket started last: unpacked by finish().
   PackTable table_;
   char *buffer_ = nullptr;

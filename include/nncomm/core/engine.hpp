@@ -24,7 +24,9 @@
 // With the NaN/infinity check on (begin()'s `check_finite`), the runner
 // checks each gradient as it packs it (or before reducing it in place),
 // and the bucket goes out all the same, so every rank's calls stay
-// matched; the closing round carries a third number, whether this rank
+// matched; the runner hands over what it found just before the closing
+// round (on a device, only then do the flags reach the host, so no
+// bucket waits for them), which carries a third number, whether this rank
 // found one (always sent, 0 with the check off, so that ranks that
 // disagree on the setting still match and the check costs nothing off),
 // and only where some rank did, one small all-gather tells every rank

@@ -35,6 +35,14 @@ bool cuda_packing_built();
 // Whether the kernels move `dt` (float32, float16 and bfloat16 do).
 bool cuda_packs(DType dt);
 
+// Enqueues on `stream` a check of the `count` elements of `dt` at `p`
+// (device memory): *flag (device memory, zero before) becomes 1 where one
+// is a NaN or an infinity. Integers are never flagged. The packer's check
+// (pack()'s flags) for what is not packed: buckets reduced in place, and
+// float64 rows, which the packer does not move.
+Status cuda_check_finite(const void *p, size_t count, DType dt, unsigned *flag,
+                         CudaStream stream);
+
 class CudaPacker {
 public:
   // A packer for the device current at creation. It keeps the tables of
@@ -53,8 +61,11 @@ public:
 
   // Enqueues bucket[k] = wire(tensor[i] * scale) on `stream`, after
   // `after`. Asynchronous: the bucket is ready when the stream reaches it.
+  // With `flags` (device memory, one per row of `table`, zero before), the
+  // tensors are also checked as they are read (NNCOMM_CHECK_FINITE):
+  // flags[i] becomes 1 where row i's elements hold a NaN or an infinity.
   Status pack(const PackTable &table, void *bucket, DType wire, float scale,
-              CudaStream stream, CudaEvent after);
+              CudaStream stream, CudaEvent after, unsigned *flags = nullptr);
   // Enqueues tensor[i] = dtype(bucket[k] * scale / divisor) likewise.
   Status unpack(const PackTable &table, const void *bucket, DType wire,
                 float scale, int divisor, CudaStream stream, CudaEvent after);
@@ -64,7 +75,7 @@ private:
   explicit CudaPacker(std::unique_ptr<Device> device);
   Status launch(const PackTable &table, const void *bucket, DType wire,
                 float scale, int divisor, bool packing, CudaStream stream,
-                CudaEvent after);
+                CudaEvent after, unsigned *flags);
 
   std::unique_ptr<Device> device_;
 };
