@@ -440,6 +440,12 @@ def run_case(cupy, packing, set_name, case, args, stream, side, gate):
     def pack():
         packer.pack(segments, base, wire, scale=pack_scale, stream=sp)
 
+    flags = cupy.zeros(len(segments), dtype=cupy.uint32)
+
+    def pack_checked():
+        packer.pack(segments, base, wire, scale=pack_scale, stream=sp,
+                    flags=flags.data.ptr)
+
     def unpack():
         packer.unpack(segments, base, wire, scale=unpack_scale,
                       divisor=divisor, stream=sp)
@@ -452,6 +458,9 @@ def run_case(cupy, packing, set_name, case, args, stream, side, gate):
     dram = {"memcpy x1": 2 * nbytes, each: 2 * payload,
             "pack": values * (ITEMSIZE[src] + w),
             "unpack": values * (ITEMSIZE[src] + w)}
+    if args.check_finite:
+        methods["pack chk"] = (pack_checked, 3)
+        dram["pack chk"] = dram["pack"]
     res = measure(cupy, methods, stream, gate, args)
     del bucket, scratch   # freed once the caller empties the pool
 
@@ -478,6 +487,10 @@ def run_case(cupy, packing, set_name, case, args, stream, side, gate):
             line += f"{'-':>4} {'-':>9} {'-':>10} "
         line += f"{nbytes / t / 1e9:>8.1f} {dram[name] / t / 1e9:>10.1f}"
         print(line)
+    if "pack chk" in res:
+        key = "gpu_best" if gpu else "best"
+        print(f"check_finite: pack chk / pack, best times: "
+              f"{res['pack chk'][key] / res['pack'][key]:.3f}")
 
     def ratios(key):
         one = res["memcpy x1"][key]
@@ -536,6 +549,10 @@ def main():
     parser.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
     parser.add_argument("--cases", nargs="+", choices=list(CASES),
                         default=list(CASES))
+    parser.add_argument("--check-finite", action="store_true",
+                        help="also time 'pack chk': pack checking every "
+                        "value for NaN and infinity as it is read "
+                        "(check_finite), against 'pack'")
     parser.add_argument("--no-gate", action="store_true",
                         help="time only as issued (no gate kernel)")
     args = parser.parse_args()

@@ -47,7 +47,8 @@ cdef extern from "nncomm/cuda/cuda_pack.hpp" namespace "nncomm" nogil:
         @staticmethod
         Status Create(unique_ptr[CppCudaPacker]* out, size_t max_tables)
         Status pack(const PackTable& table, void* bucket, DType wire,
-                    float scale, CudaStream stream, CudaEvent after)
+                    float scale, CudaStream stream, CudaEvent after,
+                    unsigned* flags)
         Status unpack(const PackTable& table, const void* bucket, DType wire,
                       float scale, int divisor, CudaStream stream,
                       CudaEvent after)

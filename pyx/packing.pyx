@@ -229,7 +229,7 @@ cdef class CudaPacker:
         CHKSTATUS(status)
 
     def pack(self, segments, bucket, wire_dtype, float scale=1.0, stream=0,
-             event=0):
+             event=0, flags=0):
         """Enqueues ``bucket = segments * scale`` on ``stream``.
 
         Args:
@@ -241,6 +241,10 @@ cdef class CudaPacker:
             stream (int): a ``cudaStream_t`` (``cupy.cuda.Stream().ptr``);
                 0 is the legacy default stream.
             event (int): a ``cudaEvent_t`` the launch waits for; 0 for none.
+            flags (int): device address of one uint32 per segment, zero
+                before: with it, the segments are checked as they are read
+                and flag i becomes 1 where segment i holds a NaN or an
+                infinity (``check_finite``); 0 for no check.
         """
         cdef vector[PackSegment] rows
         cdef PackTable table
@@ -248,9 +252,11 @@ cdef class CudaPacker:
         cdef void* out = <void*>address_of(bucket, "bucket")
         cdef CudaStream s = <CudaStream>address_of(stream, "stream")
         cdef CudaEvent e = <CudaEvent>address_of(event, "event")
+        cdef unsigned* checked = <unsigned*>address_of(flags, "flags")
         cdef Status status
         with nogil:
-            status = self.packer.get().pack(table, out, wire, scale, s, e)
+            status = self.packer.get().pack(table, out, wire, scale, s, e,
+                                            checked)
         CHKSTATUS(status)
 
     def unpack(self, segments, bucket, wire_dtype, float scale=1.0,
