@@ -500,21 +500,16 @@ def mlp(args, comm, world, have_cb, say):
             say(f"T_{key}/max(T_fb,T_comm)".ljust(29)
                 + f"{t_cb / max(t_fb, t_comm):6.3f}")
             say(f"hidden fraction ({key})".ljust(29) + f"{hidden:6.3f}")
-        if "cb_tl" in t:
-            say("T_cb_tl/T_cb (timeline)".ljust(29)
-                + f"{t['cb_tl'] / t['cb']:6.3f}")
-        if "cb_chk" in t:
-            say("T_cb_chk/T_cb (check_finite)".ljust(29)
-                + f"{t['cb_chk'] / t['cb']:6.3f}")
-        if "cb_nofr" in t:
-            say("T_cb/T_cb_nofr (flight rec.)".ljust(29)
-                + f"{t['cb'] / t['cb_nofr']:6.3f}")
-        if "cb_join" in t:
-            say("T_cb_join/T_cb (comm.join())".ljust(29)
-                + f"{t['cb_join'] / t['cb']:6.3f}")
-        if "cb_cc" in t:
-            say("T_cb_cc/T_cb (nnabla's route)".ljust(29)
-                + f"{t['cb_cc'] / t['cb']:6.3f}")
+        # (the variant timed, the ratio printed: its numerator and
+        # denominator)
+        for key, label, over, under in (
+                ("cb_tl", "T_cb_tl/T_cb (timeline)", "cb_tl", "cb"),
+                ("cb_chk", "T_cb_chk/T_cb (check_finite)", "cb_chk", "cb"),
+                ("cb_nofr", "T_cb/T_cb_nofr (flight rec.)", "cb", "cb_nofr"),
+                ("cb_join", "T_cb_join/T_cb (comm.join())", "cb_join", "cb"),
+                ("cb_cc", "T_cb_cc/T_cb (nnabla's route)", "cb_cc", "cb")):
+            if key in t:
+                say(label.ljust(29) + f"{t[over] / t[under]:6.3f}")
         if "cb" not in t:
             say("T_cb: not measured (comm has no all_reduce_callback)")
 
