@@ -140,10 +140,8 @@ public:
     *done = false;
     int complete = 0;
     const int err = MPI_Test(&request_, &complete, MPI_STATUS_IGNORE);
-    if (err != MPI_SUCCESS) {
-      flight_.failed(at_.seq);
-      return mpi_failure(err, "MPI_Test");
-    }
+    if (err != MPI_SUCCESS)
+      return failed(err, "MPI_Test");
     if (!complete)
       return Join::open() ? Join::poll() : Status::Ok();
     finish(piece_);
@@ -182,11 +180,18 @@ private:
 
   Status start_piece() {
     const int err = start(piece_, &request_);
-    if (err != MPI_SUCCESS) {
-      flight_.failed(at_.seq);
-      return mpi_failure(err, call_);
-    }
+    if (err != MPI_SUCCESS)
+      return failed(err, call_);
     return Status::Ok();
+  }
+
+  // MPI failed the operation (a rank of it died, say): the record is
+  // written now, before the error reaches a caller that may end the job.
+  Status failed(int err, const char *call) {
+    const Status failure = mpi_failure(err, call);
+    flight_.failed(at_.seq);
+    FlightRecorder::dump_after(failure.message());
+    return failure;
   }
 
   StallInspector *const inspector_;
