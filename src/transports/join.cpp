@@ -321,7 +321,7 @@ Status merge(const MpiTransport &t, uint64_t seq,
 
 } // namespace
 
-bool Join::is_open() { return scope_open.load(std::memory_order_relaxed); }
+bool Join::open() { return scope_open.load(std::memory_order_relaxed); }
 
 void Join::enroll(MpiTransport *t) {
   std::lock_guard<std::mutex> lock(mutex);

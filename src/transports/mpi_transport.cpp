@@ -411,7 +411,6 @@ Status MpiTransport::Init(MPI_Request *created) {
   if (err != MPI_SUCCESS)
     return mpi_failure(err, "MPI_Group_translate_ranks");
   flight_.set_group(world_ranks);
-  world_ranks_ = world_ranks;
   inspector_.reset(new StallInspector(comm_, rank_, std::move(world_ranks)));
   // Every member is here by now (the communicator is complete).
   NNCOMM_MPI_CALL(MPI_Comm_dup, comm_, &check_comm_);
@@ -649,6 +648,11 @@ Status MpiTransport::start_word_round(MPI_Comm comm, void *words, int count,
       no_finish, work);
 }
 
+const std::vector<int> &MpiTransport::world_ranks() const {
+  static const std::vector<int> none;
+  return inspector_ ? inspector_->world_ranks() : none;
+}
+
 void MpiTransport::forget_calls() {
   checked_.clear();
   unchecked_ = 0;
@@ -682,7 +686,7 @@ Status MpiTransport::start_shadow(const ShadowOp &op,
     if (op.root == rank_) {
       return Status::InvalidArgument(
           "the ranks still training broadcast from world rank " +
-          std::to_string(world_ranks_[rank_]) +
+          std::to_string(world_ranks()[rank_]) +
           ", whose data has ended (it left comm.join()); broadcast from a "
           "rank still training");
     }
@@ -741,7 +745,7 @@ Status MpiTransport::start_shadow(const ShadowOp &op,
     return Status::InvalidArgument(
         "the ranks still training make a new communicator (a new callback "
         "engine or GPU path) after world rank " +
-        std::to_string(world_ranks_[rank_]) +
+        std::to_string(world_ranks()[rank_]) +
         " left comm.join(); make callbacks before the data ends, so that "
         "every rank has them");
   }

@@ -71,7 +71,7 @@ public:
   // raise at the next Count round instead. Collective over `root`.
   static Status Open(MpiTransport &root, bool throw_early);
   // Whether a scope is open: one load, which every operation makes.
-  static bool open() { return is_open(); }
+  static bool open();
 
   // Called by a transport as it begins `op`: keeps its description and
   // sends it to the ranks known to have left (and what they missed).
@@ -107,8 +107,6 @@ public:
   static void enroll(MpiTransport *t);
   static void withdraw(MpiTransport *t);
 
-private:
-  static bool is_open();
 };
 
 } // namespace nncomm

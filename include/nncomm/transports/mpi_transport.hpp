@@ -77,8 +77,9 @@ public:
   uint64_t id() const { return id_; }
   uint64_t seq() const { return at_.seq; }
   uint64_t created_seq() const { return created_seq_; }
-  // The world rank of each rank of the transport.
-  const std::vector<int> &world_ranks() const { return world_ranks_; }
+  // The world rank of each rank of the transport: none while it is being
+  // made (its stall inspector comes last).
+  const std::vector<int> &world_ranks() const;
   // Starts `op`, which the ranks still training described, as a rank that
   // has left: zeros in, results dropped in `*scratch`.
   Status start_shadow(const ShadowOp &op, std::vector<char> *scratch,
@@ -123,7 +124,6 @@ private:
   const uint64_t id_;
   uint64_t created_seq_ = 0;
   uint64_t duplicates_ = 0; // made by Duplicate(): the next one's id
-  std::vector<int> world_ranks_;
   int rank_ = 0;
   int size_ = 0;
   int local_rank_ = 0;
