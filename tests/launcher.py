@@ -23,28 +23,38 @@ MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 RANK_COUNTS = (1, 2, 3, 4)
 
 
-def run_job(worker, n, args=(), env=None, timeout=180, mpiexec_args=()):
+def run_job(worker, n, args=(), env=None, timeout=180, mpiexec_args=(),
+            last_rank_prefix=()):
     """Runs tests/mpi/<worker>.py on `n` ranks, whatever its outcome.
 
     Returns (exit code, stdout, stderr, seconds); a job still running after
     `timeout` seconds is killed with every process it started, and fails
-    the test.
+    the test. `last_rank_prefix`: a command that starts the last rank's
+    (e.g. a shell that outlives it).
     """
     script = os.path.join(WORKERS, f"{worker}.py")
     full_env = {"PYTHONPATH": os.pathsep.join(
         [WORKERS] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
     full_env.update(env or {})
     return run_program([sys.executable, "-m", "mpi4py", script,
-                        *map(str, args)], n, full_env, timeout, mpiexec_args)
+                        *map(str, args)], n, full_env, timeout, mpiexec_args,
+                       last_rank_prefix)
 
 
-def run_program(program, n, env=None, timeout=180, mpiexec_args=()):
+def run_program(program, n, env=None, timeout=180, mpiexec_args=(),
+                last_rank_prefix=()):
     """Runs the command `program` on `n` ranks under mpiexec, whatever its
     outcome; returns as run_job does."""
     if not os.path.exists(MPIEXEC):
         pytest.fail(f"no mpiexec beside {sys.executable}; install the "
                     f"'mpich' wheel into this environment")
-    cmd = [MPIEXEC, *mpiexec_args, "-n", str(n), *map(str, program)]
+    program = [str(word) for word in program]
+    if last_rank_prefix:  # MPMD: the first n-1 ranks, then the last
+        ranks = [str(n - 1), *program, ":", "-n", "1", *last_rank_prefix,
+                 *program]
+    else:
+        ranks = [str(n), *program]
+    cmd = [MPIEXEC, *mpiexec_args, "-n", *ranks]
     full_env = dict(os.environ)
     # nnabla's CPU kernels are not what is tested; keep 4 ranks on 2 cores
     # from also fighting over OpenMP threads.

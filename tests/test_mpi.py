@@ -329,16 +329,18 @@ def test_flight_record_on_request_and_on_sigusr1(tmp_path):
 
 
 # mode -> (the rank to blame, what the record of its call says): a rank
-# that skips one all_reduce, one that makes a bcast instead, one that
-# stops and leaves no record (a killed rank makes mpiexec end the job
-# within milliseconds, which leaves the others' records to chance: under
-# -disable-auto-cleanup the SIGUSR1 mpiexec sends them makes them write,
-# and passed 3 runs of 4, mpiexec's kill coming first in the fourth).
+# that skips one all_reduce, one that makes a bcast instead, one that stops
+# and one that is killed, which both leave no record. The killed rank runs
+# under a shell that outlives it, so that mpiexec does not see it die: it
+# would end the others at once (MPICH's, under -disable-auto-cleanup, as
+# soon as one of them writes anything), leaving their records to chance.
 DIVERGING = {
     "skip": (1, "in steps"),
     "differ": (2, "bcast of 1 arrays"),
     "stop": (2, None),
+    "kill": (2, None),
 }
+OUTLIVED = ("sh", "-c", '"$@"; sleep 60', "sh")
 
 
 @pytest.mark.parametrize("mode", sorted(DIVERGING))
@@ -348,14 +350,15 @@ def test_flight_records_name_the_rank_that_diverged(mode, tmp_path):
     code, out, err, seconds = run_job(
         "flight_recorder", 3, [mode], timeout=60,
         env={"NNCOMM_FLIGHT_RECORDER_DIR": str(tmp_path),
-             "NNCOMM_TIMEOUT": "3"})
+             "NNCOMM_TIMEOUT": "3"},
+        last_rank_prefix=OUTLIVED if mode == "kill" else ())
     assert code != 0, out + err
     # The stall reports find the calls apart within seconds; the stopped
-    # rank's others time out after 3.
+    # or killed rank's others time out after 3.
     assert seconds < 3 + 5 + 15, seconds
     # A rank ended while it wrote a later record leaves its temporary file.
     files = sorted(f for f in os.listdir(tmp_path) if f.endswith(".json"))
-    gone = mode == "stop"
+    gone = mode in ("stop", "kill")
     survivors = [r for r in range(3) if not gone or r != culprit]
     assert files == [f"nncomm-flight-{r}.json" for r in survivors], \
         (files, out + err)

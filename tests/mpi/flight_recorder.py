@@ -17,6 +17,11 @@ except where MODE says:
   job at once, as it does when a rank is killed: the others time out (run
   with a small NNCOMM_TIMEOUT) and abort the job, the stopped rank with
   it, which leaves no record.
+- kill: the last rank kills itself (SIGKILL) there. The test starts it
+  under a shell that outlives it, holding its connections to mpiexec, so
+  that mpiexec does not learn of the death (as a launcher that leaves the
+  others running, or a host that is gone): the others time out as in
+  'stop'.
 
 In the last three each rank prints what it raised (``rank R: ...``) and
 re-raises, which ends the job; the test then reads the records.
@@ -46,8 +51,8 @@ def steps(comm):
         if MODE == "differ" and last and step == 1:
             comm.bcast(x, src=0)
             continue
-        if MODE == "stop" and last and step == 1:
-            os.kill(os.getpid(), signal.SIGSTOP)
+        if MODE in ("stop", "kill") and last and step == 1:
+            os.kill(os.getpid(), getattr(signal, "SIG" + MODE.upper()))
         comm.all_reduce(x)
     comm.all_reduce(nd(np.ones(7, np.float32)))
 
