@@ -53,7 +53,8 @@ def breakdown_csv(tmp_path_factory):
     run_bench("callback_bench.py",
               ["--width", "64", "--layers", "2", "--batch", "4", "--rounds",
                "1", "--iters", "1", "--skip-tiny", "--breakdown-steps", "0",
-               "--no-new-cb"], path)
+               "--no-new-cb", "--flight-recorder", "--recorder-pairs", "4"],
+              path)
     return path
 
 
