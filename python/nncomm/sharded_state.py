@@ -32,7 +32,7 @@ from nncomm.broadcast import _agreed, _gather
 _WHOLE_PARAMETER = ("Lars", "Lamb")
 # Elements per rank gathered at once: the all-gather's buffers stay this
 # small (x ranks) whatever the model's size.
-_GATHER_ELEMENTS = 1 << 20
+_GATHER_ELEMENTS = 1 << 18
 _META = "sharded_states.json"
 _FORMAT = 1
 
