@@ -89,9 +89,9 @@ class DistributedSolver(SolverWrapper):
             solver's state (Adam's moments, ...) is held once over the
             group, and the ranks then all-gather the parameters. Not with
             quantized compression, a warm start (`distributed_after`),
-            ``comm.join()``, LARS or LAMB. :meth:`get_states` is then this
-            rank's shard's state, and :meth:`save_states` /
-            :meth:`load_states` write and read checkpoints that any number
+            ``comm.join()``, LARS or LAMB. ``get_states`` is then this
+            rank's shard's state, and ``save_states`` /
+            ``load_states`` write and read checkpoints that any number
             of ranks can load (:func:`nncomm.consolidate_states` makes an
             ordinary solver's state of one).
 

@@ -443,7 +443,7 @@ class ShardedSolver:
 
 
 def consolidate_states(path, solver):
-    """Loads a sharded checkpoint (:meth:`ShardedSolver.save_states`, any
+    """Loads a sharded checkpoint (:meth:`nncomm.sharded_state.ShardedSolver.save_states`, any
     number of ranks) into an ordinary nnabla solver, to leave sharding: its
     ``save_states`` then writes nnabla's own file. One process; no
     communication.

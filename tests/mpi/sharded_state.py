@@ -157,6 +157,8 @@ def state_bytes(ck, comm):
     ck.equal(count(plain[4]), 2 * total, "unsharded Adam: 2 T state elements")
     ck.equal(count(sharded[4]), 2 * (stop - start),
              "sharded Adam: 2 elements of state per owned element")
+    ck.equal(sum(v.size for v in sharded[4].solver.shards.values()),
+             stop - start, "the shard Variables hold this rank's range")
     everyone = comm_sum(comm, count(sharded[4]))
     ck.equal(everyone, 2 * total, "the shards' states cover T once")
     ck.true(abs(count(sharded[4]) - 2 * total / size) <= 2,
