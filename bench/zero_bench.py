@@ -212,8 +212,9 @@ def main():
                   f"MiB per rank (median of {args.jobs} jobs) "
                   f"{[round(p, 1) for p in peak]}")
         none = memory["none"][0][0]["state_bytes"]
-        print(f"  state ratio state/none per rank: "
-              f"{[round(r['state_bytes'] / none, 4) for r in memory['state'][0]]}")
+        ratios = [round(r["state_bytes"] / none, 4)
+                  for r in memory["state"][0]]
+        print(f"  state ratio state/none per rank: {ratios}")
         times = launch(n, "time", args)[0]["times"]
         base = statistics.median(times["none"])
         for kind, ts in times.items():

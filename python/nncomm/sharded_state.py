@@ -130,7 +130,7 @@ class ShardedSolver:
         self._send = self._recv = None  # the all-gather's buffers
         _live.add(self)
 
-    # -- registration -------------------------------------------------------
+    # -- registration ---------------------------------------------------------
 
     def set_parameters(self, param_dict, reset=True, retain_state=False):
         """Registers the full parameters, and the views of this rank's
@@ -194,7 +194,7 @@ class ShardedSolver:
         flattened parameter."""
         return dict(self._shards)
 
-    # -- the step -----------------------------------------------------------
+    # -- the step -------------------------------------------------------------
 
     def update(self, **kwargs):
         """Steps this rank's shard, then all-gathers every rank's updated
@@ -293,7 +293,7 @@ class ShardedSolver:
     def _anywhere(self, found):
         return bool(_gather(self._comm, [found], self._group).any())
 
-    # -- what passes through ---------------------------------------------------
+    # -- what passes through --------------------------------------------------
 
     def set_learning_rate(self, learning_rate):
         """As :meth:`nnabla.solver.Solver.set_learning_rate`."""
@@ -317,7 +317,7 @@ class ShardedSolver:
         """The wrapped solver's ``info``."""
         return self._solver.info
 
-    # -- states -------------------------------------------------------------------
+    # -- states ---------------------------------------------------------------
 
     def get_states(self):
         """dict: the wrapped solver's states of this rank's shard Variables
@@ -412,7 +412,7 @@ class ShardedSolver:
             raise kind(f"{what}: group ranks {np.flatnonzero(failed).tolist()}"
                        f" of group {self._group!r} failed{here}") from error
 
-    # -- refused ----------------------------------------------------------------
+    # -- refused --------------------------------------------------------------
 
     def _refuse(self, what):
         raise NotImplementedError(
@@ -443,8 +443,9 @@ class ShardedSolver:
 
 
 def consolidate_states(path, solver):
-    """Loads a sharded checkpoint (:meth:`nncomm.sharded_state.ShardedSolver.save_states`, any
-    number of ranks) into an ordinary nnabla solver, to leave sharding: its
+    """Loads a sharded checkpoint (saved by
+    :meth:`nncomm.sharded_state.ShardedSolver.save_states` at any number of
+    ranks) into an ordinary nnabla solver, to leave sharding: its
     ``save_states`` then writes nnabla's own file. One process; no
     communication.
 

@@ -48,7 +48,7 @@ def batch(step):
             rng.standard_normal((BATCH, 2)).astype(np.float32))
 
 
-def twins(comm, scope, size, me, make, options):
+def twins(comm, scope, size, make, options):
     """The MLP under the unsharded and the sharded solver, from one start:
     [(x, t, loss, params, solver)] * 2."""
     shard = BATCH // size // options.get("backward_passes_per_step", 1)
@@ -97,7 +97,7 @@ def same_steps(ck, comm, what, make, group="world", prepare=None,
     if placed(comm, group) is None:
         return
     size, me = placed(comm, group)
-    plain, sharded = twins(comm, what.replace(" ", "_"), size, me, make,
+    plain, sharded = twins(comm, what.replace(" ", "_"), size, make,
                            dict(options, group=group))
     passes = options.get("backward_passes_per_step", 1)
     for s in range(STEPS):
@@ -116,7 +116,7 @@ def clipped_reference(ck, comm, clip):
     """clip_grad_by_norm on shards against numpy's per-parameter clipping
     of the full reduced gradients, and the update after it."""
     size, me = placed(comm, "world")
-    _, sharded = twins(comm, "clip", size, me, lambda: S.Sgd(0.5), {})
+    _, sharded = twins(comm, "clip", size, lambda: S.Sgd(0.5), {})
     x, t, loss, params, solver = sharded
     clipped = 0
     for s in range(3):
@@ -145,7 +145,7 @@ def clipped_reference(ck, comm, clip):
 
 def state_bytes(ck, comm):
     size, me = placed(comm, "world")
-    plain, sharded = twins(comm, "bytes", size, me, lambda: S.Adam(1e-3), {})
+    plain, sharded = twins(comm, "bytes", size, lambda: S.Adam(1e-3), {})
     step(plain, 0, size, me)
     step(sharded, 0, size, me)
 
@@ -174,7 +174,7 @@ def comm_sum(comm, value):
 def checks_combined(ck, comm):
     """A NaN in the one rank's shard is seen by every rank."""
     size, me = placed(comm, "world")
-    _, sharded = twins(comm, "nan", size, me, lambda: S.Adam(1e-3), {})
+    _, sharded = twins(comm, "nan", size, lambda: S.Adam(1e-3), {})
     x, t, loss, params, solver = sharded
     xs, ts = batch(0)
     x.d, t.d = xs[:x.shape[0]], ts[:t.shape[0]]
