@@ -424,3 +424,17 @@ def test_join_failure_raises_on_every_rank(mode, message):
             or (mode == "raise" and rank == 1), err
     assert err.count(message) >= 3, err
     assert seconds < 30, seconds
+
+
+@pytest.mark.parametrize("n", RANK_COUNTS)
+def test_sharded_state_steps_as_unsharded(n):
+    # ZeRO stage 1: DistributedSolver(shard="state") against the unsharded
+    # one, the digits MLP, state bytes per rank and bad input.
+    run_worker("sharded_state", n, timeout=120)
+
+
+def test_sharded_checkpoint_loads_at_other_rank_counts(tmp_path):
+    # Saved at 2 ranks, resumed at 3 and at 1, and consolidated.
+    run_worker("sharded_state", 2, ["save", tmp_path])
+    for n in (3, 1):
+        run_worker("sharded_state", n, ["load", tmp_path])

@@ -31,6 +31,7 @@ _LAZY = {
     "broadcast_parameters": "nncomm.broadcast",
     "broadcast_solver_state": "nncomm.broadcast",
     "chain_hooks": "nncomm.hooks",
+    "consolidate_states": "nncomm.sharded_state",
     "sparse_all_reduce": "nncomm.sparse",
     "communicators": "nncomm.communicators",
     "nnabla_types_refused": "nncomm._nncomm",

@@ -7,10 +7,12 @@ from nncomm.compression import (Compression, _bits, _is_int, _Quantized,
                                 _WireDtype)
 from nncomm.hooks import chain_hooks
 from nncomm.quantized import QuantizedReducer
+from nncomm.sharded_state import ShardedSolver
 from nncomm.solver_wrapper import SolverWrapper
 from nncomm.sparse import embedding_indices, sparse_all_reduce, touched_rows
 
 _OPS = ("average", "sum")
+_SHARDS = (None, "state")
 
 
 class DistributedSolver(SolverWrapper):
@@ -79,6 +81,23 @@ class DistributedSolver(SolverWrapper):
             ``None`` (default): ``NNCOMM_CHECK_FINITE=1`` turns it on. Not
             for embedding tables reduced sparsely (their gradients are not
             checked; use `sparse_as_dense`).
+        shard: ``None`` (default): every rank keeps the whole solver
+            state. ``"state"``: ZeRO stage 1
+            (:class:`nncomm.sharded_state.ShardedSolver`): the gradients
+            are all-reduced as without it, but each rank of the group
+            updates only its 1/N of the parameters' elements, so that the
+            solver's state (Adam's moments, ...) is held once over the
+            group, and the ranks then all-gather the parameters. Not with
+            quantized compression, a warm start (`distributed_after`),
+            ``comm.join()``, LARS or LAMB. ``get_states`` is then this
+            rank's shard's state, and ``save_states`` /
+            ``load_states`` write and read checkpoints that any number
+            of ranks can load (:func:`nncomm.consolidate_states` makes an
+            ordinary solver's state of one).
+
+    Raises:
+        ValueError: An argument, or a combination of them, that is not
+            supported; the same on every rank.
 
     Example:
 
@@ -99,7 +118,7 @@ class DistributedSolver(SolverWrapper):
                  op="average", gradient_predivide_factor=1.0,
                  backward_passes_per_step=1, groups=None, pack_size=2 << 20,
                  group="world", distributed_after=0, sparse_as_dense=False,
-                 priority=None, check_finite=None):
+                 priority=None, check_finite=None, shard=None):
         if not isinstance(compression, (_WireDtype, _Quantized)):
             raise TypeError(f"compression must be one of nncomm.Compression's "
                             f"(none, fp16, bf16, quantized(bits)), not "
@@ -139,7 +158,11 @@ class DistributedSolver(SolverWrapper):
             raise ValueError("priority orders the buckets reduced during "
                              "backward; quantized gradients are exchanged "
                              "in one all-gather after it")
+        _check_shard(shard, quantized, distributed_after)
         super().__init__(solver, comm, group, distributed_after)
+        if shard == "state":
+            self._solver = ShardedSolver(solver, comm, group)
+        self._shard = shard
         self._compression = compression
         self._op = op
         self._predivide = predivide
@@ -173,6 +196,12 @@ class DistributedSolver(SolverWrapper):
                 check_finite=self._check_finite)
             self._quantizer._name_gradients(list(params))
         self._new_step()
+
+    def _share_state(self, root):
+        # Sharded, each rank's state is of its own elements: nothing to
+        # share, and set_parameters made it anew everywhere.
+        if self._shard is None:
+            super()._share_state(root)
 
     def zero_grad(self):
         """Zeroes the gradients and starts accumulating anew."""
@@ -373,6 +402,28 @@ def data_parallel_solver(solver, comm, num_quantization_bits=32,
             "num_quantization_bits, unless 32 (no quantization),"))
     return DistributedSolver(solver, comm, compression=compression,
                              distributed_after=distributed_after)
+
+
+def _check_shard(shard, quantized, distributed_after):
+    """ValueError unless DistributedSolver supports `shard` with these
+    other arguments."""
+    if shard == "gradients":
+        raise ValueError("shard='gradients' (ZeRO stage 2: gradients "
+                         "reduce-scattered during backward) is not "
+                         "implemented yet; shard='state' shards the solver "
+                         "state")
+    if not (shard is None or isinstance(shard, str) and shard in _SHARDS):
+        raise ValueError(f"shard must be one of {_SHARDS}, not {shard!r}")
+    if shard is None:
+        return
+    if quantized:
+        raise ValueError("shard='state' with quantized compression is not "
+                         "supported: use Compression.none, fp16 or bf16")
+    if distributed_after:
+        raise ValueError("shard='state' with distributed_after (a warm "
+                         "start) is not supported: each rank would train "
+                         "its whole model alone, with the whole solver "
+                         "state that sharding leaves it without")
 
 
 def _reductions(params, groups, pack_size, skip=frozenset()):

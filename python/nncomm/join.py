@@ -2,6 +2,7 @@
 context manager :meth:`nncomm.Communicator.join` returns."""
 from nncomm.broadcast import broadcast_parameters, broadcast_solver_state
 from nncomm.errors import InputsExhaustedError
+from nncomm.sharded_state import sharded_solvers
 
 
 class Join:
@@ -72,6 +73,12 @@ class Join:
                 raise ValueError(f"comm.join() is over the world group; a "
                                  f"{type(j).__name__} over group {group!r} "
                                  f"cannot be made the same at its end")
+        if sharded_solvers(comm):
+            raise ValueError(
+                "comm.join() cannot run beside a "
+                "DistributedSolver(shard='state') on this communicator: a "
+                "rank that left would take part in the parameters' "
+                "all-gather with zeros for its range of elements")
         self._comm = comm
         self._joinables = joinables
         self.divide_by_initial_world_size = divide_by_initial_world_size

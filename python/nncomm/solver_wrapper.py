@@ -58,7 +58,7 @@ class SolverWrapper:
                                     retain_state=retain_state)
         params = self._solver.get_parameters()
         broadcast_parameters(self._comm, params, group=self._group)
-        broadcast_solver_state(self._comm, self._solver, group=self._group)
+        self._share_state(0)
         self._registered(params)
 
     def _after_join(self, root):
@@ -66,6 +66,10 @@ class SolverWrapper:
         rank `root`'s parameters and solver state."""
         broadcast_parameters(self._comm, self._solver.get_parameters(),
                              root=root, group=self._group)
+        self._share_state(root)
+
+    def _share_state(self, root):
+        """Every rank takes group rank `root`'s solver state."""
         broadcast_solver_state(self._comm, self._solver, root=root,
                                group=self._group)
 

@@ -1,0 +1,227 @@
+"""What sharded solver state (``DistributedSolver(shard="state")``, ZeRO
+stage 1) saves and costs: Adam on a 1024-1024-1024-1024-10 MLP (3.16 M
+parameters), against the unsharded DistributedSolver.
+
+Run it without mpiexec; it starts the jobs itself:
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/zero_bench.py --ranks 2 4
+
+For each rank count:
+
+- memory, one job per kind (``none``, ``state``), alternating, ``--jobs``
+  of each: per rank, the solver-state bytes (``get_states()``'s arrays)
+  and the peak resident memory the training added: VmHWM after
+  ``--steps`` steps minus VmRSS before the model was made (nnabla, MPI and
+  the communicator loaded), so that imports do not hide the difference.
+  A peak only grows, hence separate processes.
+- time, one job: the unsharded and the sharded solver on two copies of the
+  model, in alternating rounds of ``--steps`` steps, and a third kind,
+  ``rs``: stage 1 with the gradients reduce-scattered after backward
+  (nnabla's plain backward, the gradients packed into one padded buffer,
+  ``comm.reduce_scatter``, this rank's range written back) instead of
+  all-reduced during it, as the alternative the design had to weigh.
+  Median seconds per step on world rank 0 and the ratios to ``none``.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HIDDEN = 1024
+LAYERS = 3
+BATCH = 32  # per rank
+
+
+def rss_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def model(scope):
+    import nnabla as nn
+    import nnabla.functions as F
+    import nnabla.parametric_functions as PF
+    x, t = nn.Variable((BATCH, HIDDEN)), nn.Variable((BATCH, 1))
+    with nn.parameter_scope(scope):
+        h = x
+        for i in range(LAYERS):
+            h = F.relu(PF.affine(h, HIDDEN, name=f"fc{i}"))
+        loss = F.mean(F.softmax_cross_entropy(PF.affine(h, 10, name="out"),
+                                              t))
+        params = nn.get_parameters()
+    return x, t, loss, params
+
+
+def data(rng):
+    return (rng.standard_normal((BATCH, HIDDEN)).astype(np.float32),
+            rng.integers(0, 10, (BATCH, 1)).astype(np.int32))
+
+
+def distributed_step(x, t, loss, solver, batch):
+    x.d, t.d = batch
+    loss.forward(clear_no_need_grad=True)
+    solver.zero_grad()
+    solver.backward(loss, clear_buffer=True)
+    solver.update()
+
+
+class ReduceScattered:
+    """Stage 1 with the gradients reduce-scattered after a plain backward:
+    the alternative to the callback's all-reduce during backward."""
+
+    def __init__(self, comm, params):
+        import nnabla as nn
+        import nnabla.solvers as S
+        from nncomm.sharded_state import ShardedSolver, element_ranges
+        self.comm, self.params = comm, params
+        self.solver = ShardedSolver(S.Adam(1e-4), comm, "world")
+        self.solver.set_parameters(params)
+        total = sum(v.size for v in params.values())
+        self.ranges = element_ranges(total, comm.size)
+        self.block = max(b - a for a, b in self.ranges)
+        self.send = nn.NdArray((self.block * comm.size,))
+        self.mine = nn.NdArray((self.block,))
+
+    def step(self, x, t, loss, batch):
+        x.d, t.d = batch
+        loss.forward(clear_no_need_grad=True)
+        self.solver.zero_grad()
+        loss.backward(clear_buffer=True)
+        flat = np.concatenate([v.g.reshape(-1) for v in
+                               self.params.values()])
+        send = self.send.data.reshape(self.comm.size, self.block)
+        for r, (a, b) in enumerate(self.ranges):
+            send[r, :b - a] = flat[a:b]
+        self.comm.reduce_scatter(self.send, self.mine, division=True)
+        a, b = self.ranges[self.comm.rank]
+        reduced = np.array(self.mine.data[:b - a])
+        at = 0
+        for v in self.params.values():  # this rank's range back in place
+            g = v.g.reshape(-1)
+            lo, hi = max(a, at), min(b, at + v.size)
+            if lo < hi:
+                g[lo - at:hi - at] = reduced[lo - a:hi - a]
+                v.g = g.reshape(v.shape)
+            at += v.size
+        self.solver.update()
+
+
+def state_bytes(solver):
+    return sum(v.size * np.dtype(v.data.dtype).itemsize
+               for st in solver.get_states().values()
+               for v in st.pstate.values())
+
+
+def worker(args):
+    import nnabla as nn
+    import nnabla.solvers as S
+    from nnabla.ext_utils import get_extension_context
+    import nncomm
+    import nncomm.communicators as C
+    ctx = get_extension_context("cpu")
+    nn.set_default_context(ctx)
+    comm = C.MultiProcessDataParallelCommunicator(ctx)
+    comm.init()
+    rng = np.random.default_rng(comm.rank)
+    if args.worker.startswith("memory-"):
+        kind = args.worker.split("-", 1)[1]
+        before = rss_kib("VmRSS")
+        x, t, loss, params = model("m")
+        solver = nncomm.DistributedSolver(
+            S.Adam(1e-4), comm, shard=None if kind == "none" else kind)
+        solver.set_parameters(params)
+        for _ in range(args.steps):
+            distributed_step(x, t, loss, solver, data(rng))
+        mine = {"rank": comm.rank, "state_bytes": state_bytes(solver),
+                "peak_added_kib": rss_kib("VmHWM") - before,
+                "parameters": sum(v.size for v in params.values())}
+    else:
+        kinds = {}
+        for kind in ("none", "state"):
+            x, t, loss, params = model(kind)
+            solver = nncomm.DistributedSolver(
+                S.Adam(1e-4), comm, shard=None if kind == "none" else kind)
+            solver.set_parameters(params)
+            kinds[kind] = lambda b, m=(x, t, loss, solver): \
+                distributed_step(*m, b)
+        x, t, loss, params = model("rs")
+        rs = ReduceScattered(comm, params)
+        kinds["rs"] = lambda b, m=(x, t, loss): rs.step(*m, b)
+        times = {k: [] for k in kinds}
+        for step in kinds.values():  # warm-up
+            step(data(rng))
+        for _ in range(args.rounds):
+            for kind, step in kinds.items():
+                comm.barrier()
+                start = time.perf_counter()
+                for _ in range(args.steps):
+                    step(data(rng))
+                times[kind].append((time.perf_counter() - start) /
+                                   args.steps)
+        mine = {"rank": comm.rank, "times": times}
+    everyone = nncomm.allgather_object(comm, mine)
+    if comm.rank == 0:
+        print(json.dumps(everyone), flush=True)
+
+
+def launch(ranks, worker, args):
+    cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n",
+           str(ranks), sys.executable, os.path.abspath(__file__),
+           "--worker", worker, "--steps", str(args.steps), "--rounds",
+           str(args.rounds)]
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get(
+        "OMP_NUM_THREADS", "1"))
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="memory jobs of each kind")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+    for n in args.ranks:
+        memory = {"none": [], "state": []}
+        for _ in range(args.jobs):
+            for kind in memory:
+                memory[kind].append(launch(n, f"memory-{kind}", args))
+        print(f"== {n} ranks, Adam, "
+              f"{memory['none'][0][0]['parameters'] / 1e6:.2f} M parameters")
+        for kind, jobs in memory.items():
+            state = [r["state_bytes"] for r in jobs[0]]
+            peak = [statistics.median(job[r]["peak_added_kib"]
+                                      for job in jobs) / 1024
+                    for r in range(n)]
+            print(f"  {kind:6s} state MiB per rank "
+                  f"{[round(s / 2**20, 2) for s in state]}; peak RSS added "
+                  f"MiB per rank (median of {args.jobs} jobs) "
+                  f"{[round(p, 1) for p in peak]}")
+        none = memory["none"][0][0]["state_bytes"]
+        ratios = [round(r["state_bytes"] / none, 4)
+                  for r in memory["state"][0]]
+        print(f"  state ratio state/none per rank: {ratios}")
+        times = launch(n, "time", args)[0]["times"]
+        base = statistics.median(times["none"])
+        for kind, ts in times.items():
+            print(f"  {kind:6s} {statistics.median(ts) * 1e3:8.1f} ms/step "
+                  f"(rank 0, median of {args.rounds} rounds of {args.steps})"
+                  f"  ratio {statistics.median(ts) / base:.3f}")
+
+
+if __name__ == "__main__":
+    main()
