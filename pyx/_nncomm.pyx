@@ -12,6 +12,8 @@ from mpi4py cimport MPI
 from libcore cimport *
 from libnncomm cimport *
 from libnnabla cimport *
+from libpack cimport (PackSegment, PackTable, build_pack_table, pack_host,
+                      unpack_host)
 
 import atexit
 import collections
@@ -58,6 +60,7 @@ include "join.pxi"
 include "job.pxi"
 include "collectives.pxi"
 include "engines.pxi"
+include "bucket_hooks.pxi"
 include "nnabla_adapter/backward_hook.pxi"
 include "nnabla_adapter/nnabla_types.pxi"
 include "varying_sizes.pxi"

@@ -838,7 +838,7 @@ cdef class Communicator:
     def all_reduce_callback(self, data, pack_size, bint division=False,
                             group="world", scale_grad=1,
                             bint keep_dtype=False, *, wire_dtype=None,
-                            priority=None, check_finite=None):
+                            priority=None, check_finite=None, hook=None):
         """A backward callback that all-reduces gradients while backward
         runs.
 
@@ -889,6 +889,19 @@ cdef class Communicator:
                 at the end of backward, naming the ranks and parameters,
                 before any update. ``None`` (default): ``NNCOMM_CHECK_FINITE=1``
                 turns it on; off costs nothing.
+            hook (callable): nncomm's own, after PyTorch DDP's
+                ``register_comm_hook``: called on the engine's thread with
+                each bucket, a :class:`nncomm.GradBucket`, it reduces the
+                bucket's flat buffer to the sum over the group in place of
+                nncomm's all-reduce (in place, or returning an array of its
+                shape and dtype), communicating through the bucket's
+                collectives; nncomm then divides and writes it back.
+                Built in: :mod:`nncomm.hooks` (``fp16_compress``,
+                ``bf16_compress``, ``PowerSGD``). A hook that raises, returns
+                another shape or dtype, or makes other collectives than
+                the other ranks' ends the reduction on every rank with
+                :class:`nncomm.BucketHookError`. Buckets in host memory
+                only.
 
         Returns:
             callable: An nnabla ``CommunicatorBackwardCallback``, also
@@ -937,12 +950,15 @@ cdef class Communicator:
         cb.wire = wire
         cb.priority = priorities
         cb.check_finite = check_finite_of(check_finite)
+        cb.hook = hook_caller(
+            hook, g, group, grads, None,
+            device_arrays(grads[:1], self._context, "data", None) is not None)
         return as_nnabla_callback(cb)
 
     def gradient_reducer(self, data, pack_size, bint division=False,
                          group="world", scale_grad=1, bint keep_dtype=False,
                          order=None, wire_dtype=None, priority=None,
-                         check_finite=None):
+                         check_finite=None, hook=None):
         """The engine of :meth:`all_reduce_callback`, driven by hand: for
         training loops that are not nnabla's backward (CuPy arrays, another
         framework) but know when each gradient is final.
@@ -972,6 +988,8 @@ cdef class Communicator:
                 ranks the gradients in the reverse of `order`.
             check_finite (bool): As in :meth:`all_reduce_callback`; the
                 error is raised by ``finish()``.
+            hook (callable): As in :meth:`all_reduce_callback`; its error
+                is raised by ``finish()``.
 
         Returns:
             :obj:`GradientReducer`: ``begin()``, ``ready(i)`` per gradient,
@@ -995,4 +1013,4 @@ cdef class Communicator:
                             division,
                             float(scale_grad), keep_dtype,
                             _wire_code(self._ctx, wire_dtype), priority,
-                            check_finite_of(check_finite))
+                            check_finite_of(check_finite), hook, group)

@@ -54,6 +54,7 @@ cdef class _Plan:
     cdef vector[long] sizes
     cdef vector[int] codes  # per gradient: its dtype code when planned
     cdef bint converted  # a gradient came in another dtype than planned
+    cdef _HookCaller hook  # the latest iteration's bucket hook, or None
 
     cdef str mark_ndarray(self, Py_ssize_t i, x, NnablaContext context,
                           str when, str planned):
@@ -77,19 +78,25 @@ cdef class _Plan:
     cdef Engine* core(self):
         return self.thread.engine.get()
 
-    cdef int begin(self, float scale, int divisor,
-                   bint check_finite) except -1:
+    cdef int begin(self, float scale, int divisor, bint check_finite,
+                   _HookCaller hook) except -1:
         """Starts an iteration of this plan; with `check_finite`, every
-        gradient is checked for NaN and infinity before it leaves."""
-        return CHKSTATUS(self.core().begin(self.id, scale, divisor,
-                                           check_finite))
+        gradient is checked for NaN and infinity before it leaves; with
+        `hook`, the hook reduces every bucket."""
+        self.hook = hook
+        return CHKSTATUS(self.core().begin(
+            self.id, scale, divisor, check_finite,
+            <BucketHook*>NULL if hook is None else hook.begin()))
 
     cdef int check_finished(self, const Status& status, list data,
                             list names, list ranks) except -1:
         """Raises what an iteration's finish() `status` says: for a NaN or
         an infinity found (on any rank of the group, whose world `ranks`
         these are), NonFiniteGradientError naming the gradients of `data`
-        by `names` (None: by nnabla's parameter names, where found)."""
+        by `names` (None: by nnabla's parameter names, where found); for
+        a bucket hook that failed, BucketHookError."""
+        if not status.ok() and self.hook is not None:
+            self.hook.raise_failure()
         if status.code() != StatusCode.kNonFinite:
             return CHKSTATUS(status)
         raise nonfinite_error(
@@ -317,6 +324,7 @@ cdef class GradientReducer:
     cdef float scale
     cdef int divisor
     cdef bint check_finite
+    cdef _HookCaller hook
     cdef bytearray marked  # per gradient: ready() called this iteration
     cdef bint active
 
@@ -336,7 +344,8 @@ cdef class GradientReducer:
         if self.active:
             raise RuntimeError("this reducer's iteration is still under "
                                "way; finish() it before beginning another")
-        self._plan.begin(self.scale, self.divisor, self.check_finite)
+        self._plan.begin(self.scale, self.divisor, self.check_finite,
+                         self.hook)
         self.marked = bytearray(len(self.data))
         self.active = True
 
@@ -437,7 +446,8 @@ cdef GradientReducer make_reducer(_Group group, list grads,
                                   NnablaContext context, order,
                                   size_t pack_size, bint division,
                                   float scale, bint keep_dtype, int wire,
-                                  priority, bint check_finite):
+                                  priority, bint check_finite, hook,
+                                  str group_name):
     """The reducer of Communicator.gradient_reducer, its arguments
     checked."""
     cdef GradientReducer self = GradientReducer.__new__(GradientReducer)
@@ -446,6 +456,8 @@ cdef GradientReducer make_reducer(_Group group, list grads,
     self.context = context
     self.gpu = device_arrays(grads, context, "data", None)
     self.fixed = len(grads) > 0 and is_gpu_array(grads[0])
+    self.hook = hook_caller(hook, group, group_name, grads, None,
+                            self.gpu is not None)
     if self.gpu is not None:
         sizes = tuple(<Py_ssize_t>self.gpu.refs[i].count
                       for i in range(len(grads)))

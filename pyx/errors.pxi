@@ -3,7 +3,8 @@
 from cpython.ref cimport PyObject
 from cpython.exc cimport PyErr_Restore
 
-from nncomm.errors import CommunicatorError, NonFiniteGradientError
+from nncomm.errors import (BucketHookError, CommunicatorError,
+                           NonFiniteGradientError)
 
 # The exception a signal handler raised during a wait (Ctrl-C's
 # KeyboardInterrupt), kept aside while the wait unwinds without the GIL and

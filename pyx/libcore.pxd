@@ -19,6 +19,8 @@ cdef extern from "nncomm/core/status.hpp" namespace "nncomm" nogil:
 
     cdef cppclass Status:
         Status()
+        @staticmethod
+        Status RuntimeError(string message)
         bool ok()
         StatusCode code()
         const string& message()

@@ -56,6 +56,49 @@ cdef extern from "nncomm/core/launch_tuner.hpp" namespace "nncomm" nogil:
         kDeferred
 
 
+cdef extern from "nncomm/transports/transport.hpp" namespace "nncomm" nogil:
+    cdef cppclass Work:
+        pass
+
+    cdef cppclass Transport:
+        int rank()
+        int size()
+        Transport& host()
+        Status allreduce(void* buf, size_t count, DType dt, float scale,
+                         int divisor, const Polling* polling)
+        Status start_allgather(const void* send, void* recv, size_t count,
+                               DType dt, unique_ptr[Work]* work)
+
+
+cdef extern from "nncomm/core/wait.hpp" namespace "nncomm" nogil:
+    cdef cppclass Polling:
+        pass
+
+    Status wait_for(Work& work, bool warn, const Polling* polling)
+
+
+cdef extern from "nncomm/core/bucket_hook.hpp" namespace "nncomm" nogil:
+    struct HookedBucket:
+        size_t index
+        size_t buckets
+        const Bucket* bucket
+        void* buffer
+        size_t count
+        DType dtype
+
+    cdef cppclass BucketHook:
+        pass
+
+
+cdef extern from "python_hook.hpp" namespace "nncomm" nogil:
+    ctypedef Status (*HookCall "nncomm::PythonHook::Call")(
+        void* owner, const HookedBucket& bucket, Transport& transport,
+        const Polling& polling) noexcept
+
+    cdef cppclass PythonHook(BucketHook):
+        PythonHook(HookCall call, void* owner)
+
+
 cdef extern from "nncomm/core/engine.hpp" namespace "nncomm" nogil:
     cdef cppclass NonFiniteTensors:
         int rank
@@ -65,7 +108,8 @@ cdef extern from "nncomm/core/engine.hpp" namespace "nncomm" nogil:
     cdef cppclass Engine:
         Status add_plan(vector[Bucket] plan, size_t* id)
         void drop_plan(size_t id)
-        Status begin(size_t plan, float scale, int divisor, bool check_finite)
+        Status begin(size_t plan, float scale, int divisor, bool check_finite,
+                     BucketHook* hook)
         void mark_ready(size_t tensor, void* ptr, DType dtype)
         void note_nonfinite(size_t tensor)
         void fail(const string& message)

@@ -17,6 +17,8 @@ _LAZY = {
     "GradientReducer": "nncomm._nncomm",
     "WorkerDescriptor": "nncomm._nncomm",
     "BlockMomentumSolver": "nncomm.block_momentum",
+    "BucketHookError": "nncomm.errors",
+    "GradBucket": "nncomm._nncomm",
     "CommunicatorError": "nncomm.errors",
     "DataParallelError": "nncomm.errors",
     "NonFiniteGradientError": "nncomm.errors",
@@ -34,6 +36,7 @@ _LAZY = {
     "consolidate_states": "nncomm.sharded_state",
     "sparse_all_reduce": "nncomm.sparse",
     "communicators": "nncomm.communicators",
+    "hooks": "nncomm.hooks",
     "nnabla_types_refused": "nncomm._nncomm",
     "data_parallel_solver": "nncomm.distributed_solver",
 }

@@ -94,6 +94,12 @@ class DistributedSolver(SolverWrapper):
             ``load_states`` write and read checkpoints that any number
             of ranks can load (:func:`nncomm.consolidate_states` makes an
             ordinary solver's state of one).
+        hook (callable): A bucket hook that reduces each bucket in place of
+            nncomm's all-reduce (:meth:`Communicator.all_reduce_callback`'s
+            `hook`), e.g. ``nncomm.hooks.PowerSGD(rank=2)``; not with
+            quantized compression, whose reduction has no buckets, nor with
+            a `compression` other than ``none`` (a hook chooses what
+            travels).
 
     Raises:
         ValueError: An argument, or a combination of them, that is not
@@ -118,7 +124,7 @@ class DistributedSolver(SolverWrapper):
                  op="average", gradient_predivide_factor=1.0,
                  backward_passes_per_step=1, groups=None, pack_size=2 << 20,
                  group="world", distributed_after=0, sparse_as_dense=False,
-                 priority=None, check_finite=None, shard=None):
+                 priority=None, check_finite=None, shard=None, hook=None):
         if not isinstance(compression, (_WireDtype, _Quantized)):
             raise TypeError(f"compression must be one of nncomm.Compression's "
                             f"(none, fp16, bf16, quantized(bits)), not "
@@ -158,6 +164,12 @@ class DistributedSolver(SolverWrapper):
             raise ValueError("priority orders the buckets reduced during "
                              "backward; quantized gradients are exchanged "
                              "in one all-gather after it")
+        if hook is not None and compression is not Compression.none:
+            raise ValueError(f"a hook chooses how buckets travel; it cannot "
+                             f"be combined with compression={compression!r}")
+        if hook is not None and not callable(hook):
+            raise TypeError(f"hook must be a callable taking a "
+                            f"nncomm.GradBucket, not {hook!r}")
         _check_shard(shard, quantized, distributed_after)
         super().__init__(solver, comm, group, distributed_after)
         if shard == "state":
@@ -172,6 +184,7 @@ class DistributedSolver(SolverWrapper):
         self._sparse_as_dense = sparse_as_dense
         self._priority = priority
         self._check_finite = check_finite
+        self._hook = hook
         self._params = None
         self._names = {}  # gradient array -> its parameter's name
         self._reductions = {}  # tables reduced sparsely -> callbacks' lists
@@ -260,7 +273,7 @@ class DistributedSolver(SolverWrapper):
             grads, pack_size, division=division, group=self._group,
             scale_grad=1 / self._predivide,
             wire_dtype=self._compression.wire_dtype, priority=self._priority,
-            check_finite=self._check_finite)
+            check_finite=self._check_finite, hook=self._hook)
             for grads, pack_size in dense]
         for cb, (grads, _) in zip(callbacks, dense):
             cb._name_gradients([self._names.get(g) for g in grads])

@@ -70,3 +70,15 @@ class NonFiniteGradientError(FloatingPointError):
 
     def __reduce__(self):
         return type(self), (self.parameters, self.counts)
+
+
+class BucketHookError(RuntimeError):
+    """A bucket hook (``hook=`` of :meth:`Communicator.all_reduce_callback`,
+    :meth:`Communicator.gradient_reducer`, :class:`nncomm.DistributedSolver`)
+    raised, returned an array of another shape or dtype than its bucket's,
+    or made other collectives than the other ranks' hooks.
+
+    Raised on every rank of the group where the reduction ends, naming the
+    hook, the bucket and the world ranks whose hooks raised; on those, it is
+    chained to the hook's own exception. The gradients of that step were
+    not all reduced."""

@@ -257,6 +257,7 @@ cdef class AllReduceCallback:
     cdef int wire
     cdef object priority  # None, "forward" or a number per gradient
     cdef bint check_finite
+    cdef _HookCaller hook  # the bucket hook, or None
     cdef list names  # per gradient, its parameter's name; None: looked up
     # Its caller ends each backward when backward returned
     # (_backward_returned), not the last function the analysis expects.
@@ -309,10 +310,13 @@ cdef class AllReduceCallback:
 
     def _name_gradients(self, names):
         """Names the gradients, one name per array of `data` (None where
-        unknown), for the messages of NonFiniteGradientError; by default
-        they are looked up in nnabla's parameter scope. For
-        DistributedSolver, which knows its parameters' names."""
+        unknown), for the messages of NonFiniteGradientError and the
+        buckets of a hook; by default they are looked up in nnabla's
+        parameter scope. For DistributedSolver, which knows its
+        parameters' names."""
         self.names = list(names)
+        if self.hook is not None:
+            self.hook.names = self.names
 
     def _backward_returned(self):
         """nnabla's backward returned: ends the backward of these gradients
@@ -426,7 +430,7 @@ cdef class AllReduceCallback:
             remember(self.state.plans, key, plan, _PLANS_BYTES,
                      operator.attrgetter("bytes"))
         cdef int divisor = joined_divisor(self.group, self.division)
-        plan.begin(self.scale, divisor, self.check_finite)
+        plan.begin(self.scale, divisor, self.check_finite, self.hook)
         cdef _Backward bw = _Backward.__new__(_Backward)
         bw.divisor = divisor
         bw.owner = self

@@ -1,6 +1,7 @@
 #include "nncomm/core/bucket_runner.hpp"
 
 #include <algorithm>
+#include <string>
 
 namespace nncomm {
 
@@ -67,12 +68,38 @@ Status BucketRunner::start(size_t index, const Bucket &bucket,
     return transport_.start_allreduce(piece, bucket.count, bucket.dtype, scale,
                                       divisor, work);
   }
+  const ScalingSplit s = split_scaling(*memory_, bucket.dtype, scale, divisor);
+  NNCOMM_RETURN_IF_ERROR(pack(bucket, tensors, s, zeros, check));
+  return transport_.start_allreduce(buffer_, table_.count, bucket.dtype,
+                                    s.reduce_scale, s.reduce_divisor, work);
+}
+
+Status BucketRunner::stage(size_t index, const Bucket &bucket,
+                           const TensorTable &tensors, float scale,
+                           int divisor, bool zeros, bool check,
+                           void **buffer) {
+  unpack_ = false;
+  NNCOMM_RETURN_IF_ERROR(follow(index));
+  const ScalingSplit s = split_scaling(*memory_, bucket.dtype, scale, divisor);
+  if (s.reduce_scale != 1.0f || s.reduce_divisor != 1) {
+    // The hook would have to scale: it is promised a plain sum.
+    return Status::InvalidArgument(
+        std::string("a bucket hook needs buckets that nncomm scales while "
+                    "packing; ") + dtype_name(bucket.dtype) +
+        " buckets on this memory are scaled by the transport");
+  }
+  NNCOMM_RETURN_IF_ERROR(pack(bucket, tensors, s, zeros, check));
+  *buffer = buffer_;
+  return Status::Ok();
+}
+
+Status BucketRunner::pack(const Bucket &bucket, const TensorTable &tensors,
+                          const ScalingSplit &s, bool zeros, bool check) {
   staged_segments(bucket, tensors, zeros, &segments_);
   NNCOMM_RETURN_IF_ERROR(build_pack_table(segments_.data(), segments_.size(),
                                           bucket.dtype, &table_));
   NNCOMM_RETURN_IF_ERROR(
       memory_->reserve(table_.count * dtype_size(bucket.dtype), &buffer_));
-  const ScalingSplit s = split_scaling(*memory_, bucket.dtype, scale, divisor);
   if (check && !zeros) {
     NNCOMM_RETURN_IF_ERROR(
         memory_->pack_checked(table_, buffer_, bucket.dtype, s.pack_scale));
@@ -84,8 +111,7 @@ Status BucketRunner::start(size_t index, const Bucket &bucket,
   wire_ = bucket.dtype;
   divisor_ = s.unpack_divisor;
   unpack_ = !zeros;
-  return transport_.start_allreduce(buffer_, table_.count, bucket.dtype,
-                                    s.reduce_scale, s.reduce_divisor, work);
+  return Status::Ok();
 }
 
 Status BucketRunner::nonfinite(std::vector<size_t> *tensors) {

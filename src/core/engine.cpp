@@ -70,7 +70,7 @@ void Engine::drop_plan(size_t id) {
 }
 
 Status Engine::begin(size_t plan, float scale, int divisor,
-                     bool check_finite) {
+                     bool check_finite, BucketHook *hook) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (active_) {
     // Its thread may be reducing a bucket of that iteration right now.
@@ -98,6 +98,7 @@ Status Engine::begin(size_t plan, float scale, int divisor,
   scale_ = scale;
   divisor_ = divisor;
   check_finite_ = check_finite;
+  hook_ = hook;
   nonfinite_.clear();
   noted_.clear();
   reports_.clear();
@@ -406,20 +407,31 @@ std::vector<size_t> Engine::launched() {
 
 Status Engine::reduce_bucket(size_t b, bool failed, Phase *reached) {
   *reached = Phase::kPreparing;
+  const Bucket &bucket = plan_->buckets[b];
+  const TensorTable tensors{ptrs_, dtypes_};
+  const bool check = check_finite_ && !failed;
   WorkPtr work;
+  void *staged = nullptr;
   {
     TimelineSpan span(Track::kEngine, "pack");
     trace_bucket(span, b);
-    NNCOMM_RETURN_IF_ERROR(runner_->start(
-        b, plan_->buckets[b], TensorTable{ptrs_, dtypes_}, scale_, divisor_,
-        failed, check_finite_ && !failed, &work));
+    NNCOMM_RETURN_IF_ERROR(
+        hook_ != nullptr
+            ? runner_->stage(b, bucket, tensors, scale_, divisor_, failed,
+                             check, &staged)
+            : runner_->start(b, bucket, tensors, scale_, divisor_, failed,
+                             check, &work));
   }
   *reached = Phase::kReducing;
   {
-    TimelineSpan span(Track::kEngine, "reduce");
+    TimelineSpan span(Track::kEngine, hook_ != nullptr ? "hook" : "reduce");
     trace_bucket(span, b);
     NNCOMM_RETURN_IF_ERROR(
-        wait_for(*work, transport_->rank() == 0, &polling_));
+        hook_ != nullptr
+            ? hook_->reduce(HookedBucket{b, plan_->buckets.size(), &bucket,
+                                         staged, bucket.count, bucket.dtype},
+                            *transport_, polling_)
+            : wait_for(*work, transport_->rank() == 0, &polling_));
   }
   *reached = Phase::kWritingBack;
   TimelineSpan span(Track::kEngine, "unpack");

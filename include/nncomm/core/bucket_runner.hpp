@@ -60,6 +60,12 @@ public:
   Status start(size_t index, const Bucket &bucket, const TensorTable &tensors,
                float scale, int divisor, bool zeros, bool check,
                WorkPtr *work);
+  // As start(), for a bucket hook (bucket_hook.hpp) to reduce instead of
+  // the transport: always packs it into the staging buffer, `*buffer`,
+  // times `scale`, and finish() divides it by `divisor` as it unpacks.
+  Status stage(size_t index, const Bucket &bucket, const TensorTable &tensors,
+               float scale, int divisor, bool zeros, bool check,
+               void **buffer);
   // Writes the bucket started last back into its tensors, once its work
   // has completed.
   virtual Status finish();
@@ -79,6 +85,10 @@ protected:
   virtual Status follow(size_t index) { return Status::Ok(); }
 
 private:
+  // Packs `bucket` into buffer_ for finish() to unpack, scaling as `s`.
+  Status pack(const Bucket &bucket, const TensorTable &tensors,
+              const ScalingSplit &s, bool zeros, bool check);
+
   Transport &transport_;
   const std::unique_ptr<ArrayMemory> memory_;
   std::vector<PackSegment> segments_;

@@ -21,6 +21,12 @@
 // the iteration's time, so every rank learns whether some rank failed
 // before it finished, and every rank's tuner sees the same times.
 //
+// With a bucket hook (begin()'s `hook`, bucket_hook.hpp), each bucket is
+// packed into the staging buffer and reduced by the hook, on this thread,
+// on the engine's transport, instead of by the transport's all-reduce; the
+// hook makes sure every rank learns of a failure of its own, so a failed
+// hook ends the iteration on every rank, as a transport's error does.
+//
 // With the NaN/infinity check on (begin()'s `check_finite`), the runner
 // checks each gradient as it packs it (or before reducing it in place),
 // and the bucket goes out all the same, so every rank's calls stay
@@ -54,6 +60,7 @@
 #include <thread>
 #include <vector>
 
+#include "nncomm/core/bucket_hook.hpp"
 #include "nncomm/core/bucket_plan.hpp"
 #include "nncomm/core/bucket_runner.hpp"
 #include "nncomm/core/launch_tuner.hpp"
@@ -98,10 +105,11 @@ public:
   void drop_plan(size_t id);
   // Starts an iteration of plan `plan`: every tensor is pending again;
   // with `check_finite`, each is checked for NaN and infinity before it
-  // leaves. Fails while the previous iteration is under way (finish()
-  // ends it).
+  // leaves; with `hook`, which must last until finish() returns, the hook
+  // reduces every bucket. Fails while the previous iteration is under way
+  // (finish() ends it).
   Status begin(size_t plan, float scale, int divisor,
-               bool check_finite = false);
+               bool check_finite = false, BucketHook *hook = nullptr);
   // Tensor `tensor` is final, at `ptr`, holding `dtype`. A dtype other
   // than the one planned is converted to and from the bucket's dtype.
   void mark_ready(size_t tensor, void *ptr, DType dtype);
@@ -202,6 +210,7 @@ private:
   float scale_ = 1.0f;
   int divisor_ = 1;
   bool check_finite_ = false;
+  BucketHook *hook_ = nullptr;
   // Tensors found holding a NaN or an infinity here this iteration (by the
   // thread, possibly twice: a tensor split across buckets), and what the
   // ranks told each other.
