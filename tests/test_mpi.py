@@ -236,6 +236,23 @@ def test_gradient_reducer(n):
     run_worker("reducer", n, timeout=360)
 
 
+@pytest.mark.parametrize("n", RANK_COUNTS)
+def test_bucket_hooks(n):
+    run_worker("bucket_hooks", n, timeout=120)
+
+
+@pytest.mark.parametrize("n", (1, 2, 3))
+def test_bucket_hook_errors_raise_on_every_rank(n):
+    # A rank left waiting would time out after 5 s, failing "promptly".
+    run_worker("bucket_hook_errors", n, env={"NNCOMM_TIMEOUT": "5"},
+               timeout=120)
+
+
+@pytest.mark.parametrize("n", (2, 3))
+def test_powersgd_against_numpy(n):
+    run_worker("powersgd", n, timeout=120)
+
+
 @pytest.mark.parametrize("n", (1, 2))
 def test_cuda_context_arrays_take_the_gpu_path(n):
     run_worker("cuda_context", n)
