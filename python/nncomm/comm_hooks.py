@@ -209,11 +209,10 @@ class PowerSGD:
             x.q[...] = qs[at:at + x.q.size].reshape(x.q.shape)
             at += x.q.size
             if kept.residual is not None:
-                # M (this rank's) less the estimate of the mean.
-                estimate = p @ x.q.T
+                # M (this rank's) less the estimate of the mean, written
+                # where the residual lives: no temporary of M's size.
                 region = kept.residual[x.offset:x.offset + x.n * x.m]
-                np.subtract(view.reshape(-1), estimate.reshape(-1) /
-                            bucket.size, out=region)
-                view[...] = estimate
-            else:
-                np.matmul(p, x.q.T, out=view)
+                region = region.reshape(x.n, x.m)
+                np.matmul(p / bucket.size, x.q.T, out=region)
+                np.subtract(view, region, out=region)
+            np.matmul(p, x.q.T, out=view)
