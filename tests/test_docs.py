@@ -2,6 +2,7 @@
 broken reference or a docstring autodoc cannot read fails it), and its API
 reference documents the public API. An autodoc that imports nothing still
 builds, with an empty page, so the names are looked for in the output."""
+import inspect
 import os
 import subprocess
 import sys
@@ -35,7 +36,9 @@ def read_reference(site):
 def documented_names():
     """What the reference must document: every name ``nncomm`` exports,
     nnabla's factory, and every public member of the communicator."""
-    names = [f"nncomm.{n}" for n in nncomm.__all__ if n != "communicators"]
+    # A module's anchor is "module-" and its name.
+    names = [("module-" if inspect.ismodule(getattr(nncomm, n)) else "") +
+             f"nncomm.{n}" for n in nncomm.__all__ if n != "communicators"]
     names.append("nncomm.communicators.MultiProcessDataParallelCommunicator")
     names += [f"nncomm.Communicator.{n}" for n in dir(nncomm.Communicator)
               if not n.startswith("_")]

@@ -45,6 +45,19 @@ class _Matrix:
         self.q = q
 
 
+def _rows(g):
+    """Where the whole rows of gradient part `g` (a BucketGradient) lie in
+    its bucket's buffer, and how many of how many elements: (offset, n, m);
+    n is 0 for a vector. A gradient split between buckets is split between
+    rows too, mostly: each bucket's whole rows are a matrix of their own."""
+    if len(g.shape) < 2:
+        return g.offset, 0, 0
+    m = int(np.prod(g.shape[1:]))
+    first = -(-g.start // m)
+    n = max((g.start + g.count) // m - first, 0)
+    return g.offset + first * m - g.start, n, m
+
+
 class _BucketState:
     """What PowerSGD keeps of one bucket: its matrices, the elements sent
     densely, and the residual of error feedback (None without it)."""
@@ -59,12 +72,14 @@ class PowerSGD:
     """PowerSGD (Vogels, Karimireddy and Jaggi, NeurIPS 2019) as a bucket
     hook: each gradient of two or more dimensions, viewed as an n x m
     matrix M (its first dimension by the rest), travels as two rank-r
-    factors instead of n x m elements.
+    factors instead of n x m elements. A gradient split between buckets is
+    a matrix per bucket: the rows the bucket holds whole (the rest of a
+    row that straddles two buckets travels densely).
 
     Per bucket and iteration: M gets the residual of the previous one added
     (error feedback); P = M Q is summed over the ranks, together with the
-    bucket's other elements (vectors, gradients split between buckets and
-    matrices too small for factors to save bytes), which travel densely;
+    bucket's other elements (vectors, partial rows, and matrices too small
+    for factors to save bytes), which travel densely;
     P is orthonormalized (QR); Q = M^T P is summed; the sum's estimate
     P Q^T replaces M, and M - P Q^T / size is the new residual. Q starts
     random (the same seed on every rank) and, with `warm_start`, starts
@@ -160,13 +175,14 @@ class PowerSGD:
         matrices = []
         dense = []
         for g in bucket.gradients:
-            n = g.shape[0] if len(g.shape) >= 2 else 0
-            m = g.count // n if n else 0
+            begin, n, m = _rows(g)
             r = min(self.rank, n, m)
-            whole = g.start == 0 and g.count == int(np.prod(g.shape))
-            if whole and r and n * m >= self.min_compression_rate * (n + m) * r:
+            end = begin + n * m
+            if r and n * m >= self.min_compression_rate * (n + m) * r:
                 q = self._rng.standard_normal((m, r)).astype(dtype)
-                matrices.append(_Matrix(g.offset, n, m, q))
+                matrices.append(_Matrix(begin, n, m, q))
+                dense += [np.arange(g.offset, begin),
+                          np.arange(end, g.offset + g.count)]
             else:
                 dense.append(np.arange(g.offset, g.offset + g.count))
         dense = np.concatenate(dense) if dense else np.zeros(0, np.int64)

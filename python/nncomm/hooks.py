@@ -1,7 +1,7 @@
 """Hooks: combining function hooks (nnabla's ``backward`` takes one
 ``function_post_hook``), and the built-in bucket hooks
-(:mod:`nncomm.comm_hooks`: ``fp16_compress``, ``bf16_compress``,
-``PowerSGD``) for ``hook=`` of the gradient reductions."""
+(``fp16_compress``, ``bf16_compress``, ``PowerSGD``, from
+``nncomm.comm_hooks``) for ``hook=`` of the gradient reductions."""
 from nncomm.comm_hooks import PowerSGD, bf16_compress, fp16_compress
 
 __all__ = ["PowerSGD", "bf16_compress", "chain_hooks", "fp16_compress"]
