@@ -14,8 +14,11 @@
 - all_gather returns every rank's array, in rank order.
 - fp16_compress and bf16_compress give bitwise what wire_dtype='float16'
   and 'bfloat16' give.
+- DistributedSolver(hook=...) with an all-reducing hook steps bitwise as
+  without it, and calls the hook.
 """
 import nnabla as nn
+import nnabla.solvers as S
 import numpy as np
 
 import nncomm
@@ -197,6 +200,33 @@ def check_callback(ck, comm):
             "the callback's hook saw every bucket", f"{calls}")
 
 
+def check_solver(ck, comm):
+    calls = []
+
+    def hook(bucket):
+        calls.append(bucket.index)
+        bucket.all_reduce(bucket.buffer)
+
+    found = []
+    for scope, h in (("plain", None), ("hooked", hook)):
+        x, t, loss, params = mlp(scope, 4, 11)
+        solver = nncomm.DistributedSolver(S.Sgd(0.1), comm, hook=h,
+                                          pack_size=50)
+        solver.set_parameters(params)
+        rng = np.random.default_rng(comm.rank)
+        for _ in range(3):
+            x.d = rng.standard_normal(x.shape)
+            t.d = rng.standard_normal(t.shape)
+            loss.forward()
+            solver.zero_grad()
+            solver.backward(loss)
+            solver.update()
+        found.append([np.array(v.d) for v in params.values()])
+    ck.true(all(np.array_equal(a, b) for a, b in zip(*found)),
+            "DistributedSolver with an all-reducing hook steps as without")
+    ck.true(len(calls) > 3, "DistributedSolver calls the hook", f"{calls}")
+
+
 def main():
     ck = Checker("bucket_hooks")
     comm, _ = make_comm()
@@ -206,6 +236,7 @@ def main():
     check_wire_hooks(ck, comm)
     with nn.parameter_scope("callback"):
         check_callback(ck, comm)
+    check_solver(ck, comm)
     ck.finish()
 
 

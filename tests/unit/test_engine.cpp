@@ -7,10 +7,12 @@
 // order: the plan sorted highest priority first (ties
 // in plan order) and launched in that order on every rank, whatever order
 // each rank's gradients come in, with a failed rank and under either
-// schedule.
+// schedule; a bucket hook reducing every bucket in the transport's stead,
+// and a hook's failure ending the iteration on every rank.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -1060,4 +1062,101 @@ TEST(engine_priority_failed_rank_sends_zeros_and_fails_every_rank) {
       check_launched(ranks.world, model, launched, 2);
     }
   }
+}
+
+namespace {
+
+// A bucket hook that sums each bucket through the transport, as the engine
+// would, recording the buckets it saw; with `fail_at`, it fails at that
+// bucket instead (on every rank, as a Python hook's failure is agreed).
+class SummingHook : public BucketHook {
+public:
+  explicit SummingHook(size_t fail_at = SIZE_MAX) : fail_at_(fail_at) {}
+  Status reduce(const HookedBucket &bucket, Transport &transport,
+                const Polling &polling) override {
+    seen.push_back(bucket.index);
+    CHECK_EQ(bucket.count * dtype_size(bucket.dtype),
+             bucket.bucket->count * dtype_size(bucket.bucket->dtype));
+    if (bucket.index == fail_at_)
+      return Status::RuntimeError("the hook failed");
+    return transport.allreduce(bucket.buffer, bucket.count, bucket.dtype,
+                               1.0f, 1, &polling);
+  }
+  std::vector<size_t> seen;
+
+private:
+  const size_t fail_at_;
+};
+
+} // namespace
+
+TEST(engine_hook_reduces_every_bucket_as_the_transport_would) {
+  std::mt19937_64 rng(17);
+  for (int c = 0; c < 9; ++c) {
+    const int size = 1 + c % 3;
+    const Model model = random_model(rng, 30);
+    FakeWorld world(size);
+    auto engines = engines_on(world, model);
+    for (int i = 0; i < 2; ++i) {
+      const float scale = i == 0 ? 1.0f : 0.5f;
+      const int divisor = i == 0 ? 1 : size;
+      std::vector<Gradients> before;
+      for (int r = 0; r < size; ++r)
+        before.push_back(random_gradients(model, rng));
+      std::vector<Gradients> after = before;
+      std::vector<SummingHook> hooks(size);
+      const uint64_t seed = rng();
+      run_ranks(size, [&](int rank) {
+        std::mt19937_64 marks(seed + rank);
+        CHECK_OK(engines[rank]->begin(0, scale, divisor, false,
+                                      &hooks[rank]));
+        mark_all(*engines[rank], model, after[rank], marks);
+        CHECK_OK(engines[rank]->finish());
+      });
+      check_reduced(model, before, after, scale, divisor);
+      std::vector<size_t> every(model.plan.size());
+      std::iota(every.begin(), every.end(), size_t(0));
+      for (const SummingHook &h : hooks)
+        CHECK_EQ(h.seen, every);
+    }
+    for (int r = 0; r < size; ++r)
+      CHECK_EQ(world.calls(r), iteration_calls(model.plan, 2));
+  }
+}
+
+TEST(engine_hook_failure_ends_the_iteration_on_every_rank) {
+  const Model model = simple_model({30, 40, 50}, 40);
+  const int size = 2;
+  FakeWorld world(size);
+  auto engines = engines_on(world, model);
+  std::mt19937_64 rng(5);
+  std::vector<Gradients> g;
+  for (int r = 0; r < size; ++r)
+    g.push_back(planned_gradients(model, rng));
+  for (bool fails : {true, false}) {
+    std::vector<SummingHook> hooks;
+    for (int r = 0; r < size; ++r)
+      hooks.emplace_back(fails ? 1 : SIZE_MAX);
+    std::vector<Status> finished(size);
+    run_ranks(size, [&](int rank) {
+      std::mt19937_64 marks(rank);
+      CHECK_OK(engines[rank]->begin(0, 1.0f, 1, false, &hooks[rank]));
+      mark_all(*engines[rank], model, g[rank], marks);
+      finished[rank] = engines[rank]->finish();
+    });
+    for (int r = 0; r < size; ++r) {
+      if (fails)
+        CHECK_CONTAINS(finished[r].message(), "the hook failed");
+      else
+        CHECK_OK(finished[r]);
+    }
+  }
+  // The failed iteration sent its first bucket and nothing after the
+  // hook failed, not even the closing round; the next went on as usual.
+  std::vector<Call> calls = {
+      {OpKind::kAllreduce, model.plan[0].count, DType::kFloat32}};
+  for (const Call &c : iteration_calls(model.plan))
+    calls.push_back(c);
+  for (int r = 0; r < size; ++r)
+    CHECK_EQ(world.calls(r), calls);
 }
