@@ -17,9 +17,11 @@ Two parts, in one run:
    each step's time is the slowest rank's.
 2. Accuracy: every scheme trains the same digits MLP (64-128-128-10, ReLU,
    scikit-learn's digits, batch 32 per rank, Momentum SGD) from the same
-   initial parameters on the same batches for ``--epochs``; test
-   accuracy, and its difference from dense, in points. PowerSGD starts at
-   ``--start-iter``.
+   initial parameters on the same batches for ``--epochs`` (0: this part
+   is skipped); test accuracy, and its difference from dense, in points.
+   PowerSGD starts at ``--start-iter``.
+
+``RATE=1gbit`` (run_emulated_link.sh's) shapes a slower link.
 
 Bytes: inside run_emulated_link.sh's namespace every byte between the ranks
 crosses the loopback; rank 0 reads its counter around each scheme's steps.
@@ -156,17 +158,19 @@ def main():
     say(f"# {world.size} ranks; step time and MB per step per rank on "
         f"33.6 M parameters, batch {args.batch} per rank")
     times, wire = timing(comm, args, say)
-    found = accuracy(comm, args)
+    found = accuracy(comm, args) if args.epochs else {}
     say(f"# medians of {args.rounds} rounds of {args.steps} steps; digits "
         f"accuracy after {args.epochs} epochs")
     say("| scheme | step ms | step / dense | MB per step per rank | "
         "digits accuracy | points from dense |")
     say("|---|---:|---:|---:|---:|---:|")
     for name in times:
+        points = (f"{found[name] * 100:.1f} % | "
+                  f"{(found[name] - found['dense']) * 100:+.1f}"
+                  if found else "- | -")
         say(f"| {name} | {times[name] * 1e3:.1f} | "
             f"{times[name] / times['dense']:.2f} | {wire[name] / 1e6:.2f} | "
-            f"{found[name] * 100:.1f} % | "
-            f"{(found[name] - found['dense']) * 100:+.1f} |")
+            f"{points} |")
 
 
 if __name__ == "__main__":

@@ -351,6 +351,11 @@ else:  # MODE == "emulated"
     for k, g in enumerate(grads):
         mean = sum(e[k] for e in everyone) / np.float32(SIZE)
         check(np.array_equal(xp.asnumpy(g), mean), f"float16 wire [{k}]")
+    # Bucket hooks take host buffers: refused on device gradients, before
+    # any rank communicates.
+    raises(NotImplementedError, "host memory",
+           lambda: comm.gradient_reducer(grads, 700, hook=lambda b: None),
+           "a bucket hook on GPU gradients")
 
     # float64, which the CUDA packer does not move: the transport scales
     # and divides it, fused (300) or in place (140000: over 1 MiB). Sums of
