@@ -139,11 +139,11 @@ def accuracy(comm, args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--ranks", type=int, nargs="*", default=[1, 2, 4])
-    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--start-iter", type=int, default=10)
     args = parser.parse_args()
     world = MPI.COMM_WORLD
