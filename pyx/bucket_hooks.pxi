@@ -63,21 +63,25 @@ cdef class GradBucket:
     def index(self):
         """int: the bucket's place in the launch order, the same on every
         rank."""
+        self._check_open()
         return self.hooked.index
 
     @property
     def is_last(self):
         """bool: whether it is the iteration's last bucket."""
+        self._check_open()
         return self.hooked.index + 1 == self.hooked.buckets
 
     @property
     def rank(self):
         """int: this rank's rank in the group."""
+        self._check_open()
         return self.transport.rank()
 
     @property
     def size(self):
         """int: the number of ranks in the group."""
+        self._check_open()
         return self.transport.size()
 
     @property
@@ -161,7 +165,14 @@ cdef class GradBucket:
         self._check(status)
         return gathered
 
+    cdef int _check_open(self) except -1:
+        if self.hooked == NULL:
+            raise RuntimeError("a GradBucket is valid only during the call "
+                               "of its hook")
+        return 0
+
     cdef int _code_of(self, array) except -1:
+        self._check_open()
         if not isinstance(array, np.ndarray) or \
                 not array.flags.c_contiguous or array.dtype.kind != "f" or \
                 array.dtype not in _DTYPE_CODES:
@@ -327,13 +338,15 @@ cdef Status _call_hook(void* owner, const HookedBucket& hooked,
             raised = e  # the user's own
     except BaseException as e:
         raised = e
-    if not bucket.failure.ok():
-        return bucket.failure  # the transport failed: nothing can be sent
     try:
+        if not bucket.failure.ok():
+            return bucket.failure  # the transport failed: nothing is sent
         failed = bucket._finish_rounds(raised is not None)
     except BaseException as e:
         return bucket.failure if not bucket.failure.ok() else \
             Status.RuntimeError(f"{where}: {e}".encode())
+    finally:
+        bucket.hooked = NULL  # what it points to is the engine's
     if not failed:
         return Status()
     world = [caller.ranks[r] for r in failed if r >= 0]

@@ -4,6 +4,8 @@ dtypes, and PowerSGD (Vogels et al., NeurIPS 2019), as PyTorch DDP's
 ``ddp_comm_hooks`` give them. Import them from :mod:`nncomm.hooks`."""
 import numpy as np
 
+F32 = np.float32
+
 
 def fp16_compress(bucket):
     """Sends the bucket in float16: half the bytes of float32, as
@@ -197,9 +199,9 @@ class PowerSGD:
         views = [flat[x.offset:x.offset + x.n * x.m].reshape(x.n, x.m)
                  for x in kept.matrices]
         # The dense elements and every P in one message.
-        sizes = [kept.dense.size] + [x.n * x.q.shape[1]
-                                     for x in kept.matrices]
-        message = np.empty(sum(sizes), flat.dtype)
+        message = np.empty(kept.dense.size + sum(x.n * x.q.shape[1]
+                                                 for x in kept.matrices),
+                           flat.dtype)
         message[:kept.dense.size] = flat[kept.dense]
         ps = []
         at = kept.dense.size
@@ -215,7 +217,9 @@ class PowerSGD:
         qs = np.empty(sum(x.q.size for x in kept.matrices), flat.dtype)
         at = 0
         for x, view, p in zip(kept.matrices, views, ps):
-            p[...] = np.linalg.qr(p)[0]
+            # numpy's QR has no float16.
+            p[...] = np.linalg.qr(p.astype(np.promote_types(p.dtype, F32),
+                                           copy=False))[0]
             q = qs[at:at + x.q.size].reshape(x.q.shape)
             np.matmul(view.T, p, out=q)
             at += q.size

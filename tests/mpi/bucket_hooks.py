@@ -11,7 +11,8 @@
   to back, starts and counts within each gradient's shape), and the buffer
   holds this rank's elements of them, times scale_grad, as the metadata
   says; every gradient element is in exactly one bucket.
-- all_gather returns every rank's array, in rank order.
+- all_gather returns every rank's array, in rank order; a bucket kept
+  after its hook returned refuses its collectives.
 - fp16_compress and bf16_compress give bitwise what wire_dtype='float16'
   and 'bfloat16' give.
 - DistributedSolver(hook=...) with an all-reducing hook steps bitwise as
@@ -149,11 +150,13 @@ def check_every_bucket_once(ck, comm):
 
 def check_all_gather(ck, comm):
     gathered = []
+    kept = []
 
     def hook(bucket):
         mine = np.full(3, bucket.rank + 0.5 + bucket.index, F32)
         gathered.append((bucket.index, bucket.all_gather(mine)))
         bucket.all_reduce(bucket.buffer)
+        kept.append(bucket)
 
     grads = [nd(np.zeros(shape, dt)) for shape, dt in SHAPES]
     with comm.gradient_reducer(grads, 5000, hook=hook):
@@ -163,6 +166,8 @@ def check_all_gather(ck, comm):
                              for r in range(comm.size)])
         ck.true(np.array_equal(rows, expected), f"all_gather of bucket "
                 f"{index}", f"{rows}")
+    ck.raises(RuntimeError, "during the call", "a bucket kept after its "
+              "hook", kept[0].all_reduce, np.zeros(3, F32))
 
 
 def check_wire_hooks(ck, comm):

@@ -9,6 +9,8 @@ buckets' layout (what each bucket's BucketGradients say) and nothing else:
   and warm start exercised), for rank 1 with error feedback and warm start
   and rank 2 without either; in one bucket, and in buckets of 100 elements,
   which split the matrices: each bucket's whole rows are a matrix;
+- in float16 buckets (numpy's QR has none: it runs in float32), as in
+  float32 ones within float16's rounding;
 - the elements of no matrix (vectors, partial rows, matrices too small for
   factors to save bytes: 3 x 2, and 6 x 10 at rank 2) are bitwise the
   dense sum at every iteration; the others are not.
@@ -96,10 +98,10 @@ class Layouts:
         return self.hook(bucket)
 
 
-def run(comm, hook, pack_size):
+def run(comm, hook, pack_size, wire_dtype=None):
     grads = [nd(np.zeros(s, F32)) for s in SHAPES]
     reducer = comm.gradient_reducer(grads, pack_size, division=True,
-                                    hook=hook)
+                                    hook=hook, wire_dtype=wire_dtype)
     results = []
     for it in range(ITERATIONS):
         for i in range(len(SHAPES)):
@@ -174,12 +176,25 @@ def check(ck, comm, rank, error_feedback, warm_start, pack_size):
                 f"{what}: no residual outside the matrices")
 
 
+def check_half(ck, comm):
+    """float16 buckets: as float32's, within float16's rounding."""
+    half, single = (run(comm, nncomm.hooks.PowerSGD(rank=2, start_iter=0,
+                                                    seed=SEED), 1 << 20, w)
+                    for w in ("float16", None))
+    for i in range(len(SHAPES)):
+        scale = np.abs(single[-1][i]).max()
+        ck.true(np.allclose(half[-1][i], single[-1][i], rtol=0,
+                            atol=0.02 * scale), f"float16 gradient {i}",
+                f"{np.abs(half[-1][i] - single[-1][i]).max()} of {scale}")
+
+
 def main():
     ck = Checker("powersgd")
     comm, _ = make_comm()
     for pack_size in (1 << 20, 100):
         check(ck, comm, 1, True, True, pack_size)
         check(ck, comm, 2, False, False, pack_size)
+    check_half(ck, comm)
     ck.raises(ValueError, "rank", "rank 0", nncomm.hooks.PowerSGD, rank=0)
     ck.raises(ValueError, "start_iter", "a negative start",
               nncomm.hooks.PowerSGD, start_iter=-1)
