@@ -213,8 +213,13 @@ def check_solver(ck, comm):
         bucket.all_reduce(bucket.buffer)
 
     found = []
+    initial = None
     for scope, h in (("plain", None), ("hooked", hook)):
         x, t, loss, params = mlp(scope, 4, 11)
+        # nnabla's initializers draw from nnabla.random, not numpy's seed.
+        initial = initial or {k: v.d.copy() for k, v in params.items()}
+        for k, v in params.items():
+            v.d = initial[k]
         solver = nncomm.DistributedSolver(S.Sgd(0.1), comm, hook=h,
                                           pack_size=50)
         solver.set_parameters(params)
