@@ -13,8 +13,9 @@ Two parts, in one run:
    (``Compression.fp16``), ``1-bit`` (``Compression.quantized(1)``) and
    ``PowerSGD r`` for ``--ranks`` (``hook=nncomm.hooks.PowerSGD(rank=r,
    start_iter=0)``: compressed from the first timed step on, the warm-up
-   steps included). The schemes take turns round by round, median kept;
-   each step's time is the slowest rank's.
+   steps included). The schemes take turns round by round; each step's
+   time is the slowest rank's; the table gives the median over the
+   rounds of the time and of the ratio to dense in the same round.
 2. Accuracy: every scheme trains the same digits MLP (64-128-128-10, ReLU,
    scikit-learn's digits, batch 32 per rank, Momentum SGD) from the same
    initial parameters (the first scheme's, copied) on the same batches for ``--epochs`` (0: this part
@@ -92,7 +93,11 @@ def timing(comm, args, say):
             wire[name].append((lo_bytes() - sent) / args.steps / world.size)
             say(f"# round {r}: {name}: {times[name][-1] * 1e3:.1f} ms, "
                 f"{wire[name][-1] / 1e6:.2f} MB")
+    # Each round's ratio to dense in that round: the machine's load drifts
+    # between rounds more than within one.
     return ({n: statistics.median(t) for n, t in times.items()},
+            {n: statistics.median(a / d for a, d in zip(t, times["dense"]))
+             for n, t in times.items()},
             {n: statistics.median(b) for n, b in wire.items()})
 
 
@@ -162,7 +167,7 @@ def main():
 
     say(f"# {world.size} ranks; step time and MB per step per rank on "
         f"33.6 M parameters, batch {args.batch} per rank")
-    times, wire = timing(comm, args, say)
+    times, ratios, wire = timing(comm, args, say)
     found = accuracy(comm, args) if args.epochs else {}
     say(f"# medians of {args.rounds} rounds of {args.steps} steps; digits "
         f"accuracy after {args.epochs} epochs")
@@ -174,7 +179,7 @@ def main():
                   f"{(found[name] - found['dense']) * 100:+.1f}"
                   if found else "- | -")
         say(f"| {name} | {times[name] * 1e3:.1f} | "
-            f"{times[name] / times['dense']:.2f} | {wire[name] / 1e6:.2f} | "
+            f"{ratios[name]:.2f} | {wire[name] / 1e6:.2f} | "
             f"{points} |")
 
 
