@@ -40,7 +40,7 @@ cdef class GradBucket:
     :meth:`Communicator.gradient_reducer` and
     :class:`nncomm.DistributedSolver`), as PyTorch's ``GradBucket``.
 
-    The hook reduces :attr:`buffer`, this rank's gradients of the bucket
+    The hook reduces ``buffer``, this rank's gradients of the bucket
     packed into one flat numpy array (times `scale_grad`, in the bucket's
     wire dtype), to the sum over the group's ranks: in place (returning
     None or the buffer) or returning an array of the same shape and dtype.
@@ -94,17 +94,19 @@ cdef class GradBucket:
         place, on the engine's transport.
 
         Args:
-            array (numpy.ndarray): float16, float32 or float64, C-contiguous.
+            array (array): A numpy array: float16, float32 or float64,
+                C-contiguous.
             division (bool): Divide the sum by the group's size.
             wire_dtype (str): Send it in ``'float16'`` or ``'bfloat16'``,
                 converted as ``wire_dtype=`` of
                 :meth:`Communicator.all_reduce_callback` converts buckets.
 
         Returns:
-            numpy.ndarray: `array`, reduced.
+            array: `array`, reduced.
 
         Raises:
-            HookAborted: another rank's hook raised or made another call.
+            RuntimeError: another rank's hook raised or made another call
+                (``HookAborted``: let it propagate).
             ValueError: an array nncomm cannot reduce.
         """
         code = self._code_of(array)
@@ -136,15 +138,15 @@ cdef class GradBucket:
         transport.
 
         Args:
-            array (numpy.ndarray): float16, float32 or float64, C-contiguous,
-                of the same shape on every rank.
+            array (array): A numpy array: float16, float32 or float64,
+                C-contiguous, of the same shape on every rank.
 
         Returns:
-            numpy.ndarray: shape ``(size,) + array.shape``; row r is rank
-            r's.
+            array: shape ``(size,) + array.shape``; row r is rank r's.
 
         Raises:
-            HookAborted: another rank's hook raised or made another call.
+            RuntimeError: another rank's hook raised or made another call
+                (``HookAborted``: let it propagate).
             ValueError: an array nncomm cannot gather.
         """
         code = self._code_of(array)
