@@ -120,6 +120,18 @@ Setting<GpuTransport> gpu_choice(const char *name) {
   return refused(name, GpuTransport::kAuto, "auto, nccl or mpi");
 }
 
+Setting<Hierarchical> hierarchy(const char *name) {
+  const char *v = env(name);
+  const std::string s = v == nullptr ? "auto" : v;
+  if (s == "auto")
+    return {Hierarchical::kAuto};
+  if (s == "0")
+    return {Hierarchical::kOff};
+  if (s == "1")
+    return {Hierarchical::kOn};
+  return refused(name, Hierarchical::kAuto, "auto, 0 or 1");
+}
+
 Setting<std::string> text(const char *name) {
   const char *v = env(name);
   return {v == nullptr ? "" : v};
@@ -138,6 +150,7 @@ struct Settings {
   Setting<double> stall = seconds("NNCOMM_STALL_WARNING", 60);
   Setting<size_t> fail_allocation = bytes("NNCOMM_TEST_FAIL_ALLOCATION", 0);
   Setting<GpuTransport> gpu = gpu_choice("NNCOMM_GPU_TRANSPORT");
+  Setting<Hierarchical> two_level = hierarchy("NNCOMM_HIERARCHICAL");
   Setting<std::string> nccl = text("NNCOMM_NCCL_LIBRARY");
   Setting<std::string> timeline = text("NNCOMM_TIMELINE");
   // Bounded, so that a typo cannot ask every transport for gigabytes.
@@ -160,7 +173,7 @@ Status validate() {
        {&s.chunk.error, &s.direct.error, &s.huge_page.error, &s.check.error,
         &s.finite.error, &s.launch_at.error, &s.poll.error, &s.timeout.error,
         &s.stall.error, &s.fail_allocation.error, &s.gpu.error,
-        &s.flight.error}) {
+        &s.two_level.error, &s.flight.error}) {
     if (!error->empty())
       bad += (bad.empty() ? "" : "; ") + *error;
   }
@@ -182,6 +195,7 @@ size_t test_fail_allocation_bytes() {
   return settings().fail_allocation.value;
 }
 GpuTransport gpu_transport() { return settings().gpu.value; }
+Hierarchical hierarchical() { return settings().two_level.value; }
 const std::string &nccl_library() { return settings().nccl.value; }
 const std::string &timeline_path() { return settings().timeline.value; }
 size_t flight_recorder_entries() { return settings().flight.value; }
