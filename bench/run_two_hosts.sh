@@ -7,6 +7,9 @@
 #
 #   bench/run_two_hosts.sh PROGRAM [ARGS...]      e.g. python bench/x.py
 #
+# PLACEMENT=cyclic puts the ranks on the hosts alternately (0, 2, ... on
+# the first) instead of in blocks (the default, PLACEMENT=block).
+#
 # It needs root (or unprivileged user namespaces: `unshare -rn`). The
 # first host is a private namespace of this script (`unshare --net`), the
 # second one a namespace held by a `sleep` inside it; both go away with
@@ -26,6 +29,9 @@ timeout_s=${TIMEOUT:-300}
 rate=${RATE:-10gbit}
 per_host=${RANKS_PER_HOST:-2}
 mpiexec=${MPIEXEC:-$here/.venv/bin/mpiexec}
+# block: ranks 0..n-1 on the first host, the next n on the second;
+# cyclic: ranks alternate between the hosts (hydra's round robin).
+placement=${PLACEMENT:-block}
 first=10.77.0.1
 second=10.77.0.2
 
@@ -73,7 +79,9 @@ case ${1:-} in
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
     echo "# link: $(bash "$self" --sent) bytes sent before"
     status=0
-    "$mpiexec" -hosts "$first:$per_host,$second:$per_host" \
+    slots=$per_host
+    [[ $placement == cyclic ]] && slots=1
+    "$mpiexec" -hosts "$first:$slots,$second:$slots" \
         -n $((2 * per_host)) -launcher ssh -launcher-exec "$self" \
         -localhost "$first" "$@" || status=$?
     echo "# link: $(bash "$self" --sent) bytes sent after"

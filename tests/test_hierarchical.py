@@ -38,23 +38,30 @@ def two_hosts_missing():
     return ""
 
 
-def on_two_hosts(worker, args=(), env=None, timeout=120):
-    """Runs tests/mpi/<worker>.py on two emulated hosts of two ranks each;
-    returns as run_job does."""
+def on_two_hosts(worker, args=(), env=None, timeout=120,
+                 placement="block"):
+    """Runs tests/mpi/<worker>.py on two emulated hosts of two ranks each,
+    in blocks (0 and 1 on the first host) or alternating (`placement`
+    "cyclic": 0 and 2 there); returns as run_job does."""
     if two_hosts_missing():
         pytest.skip(two_hosts_missing())
     full_env = dict(os.environ, MPIEXEC=MPIEXEC, TIMEOUT=str(timeout - 10),
-                    OMP_NUM_THREADS="1")
+                    OMP_NUM_THREADS="1", PLACEMENT=placement)
     full_env.update(worker_env(env))
     return run_command([TWO_HOSTS, *worker_command(worker, args)], full_env,
                        timeout)
 
 
-@pytest.mark.parametrize("setting,path", [
-    ("1", "two_level"), ("auto", "two_level"), ("0", "flat")])
-def test_two_hosts_match_numpy_on_the_path_the_setting_says(setting, path):
+# auto: two levels where the hosts' ranks alternate; in blocks MPICH's
+# flat all-reduce crosses the link as seldom (bench/hierarchical_bench.py).
+@pytest.mark.parametrize("setting,placement,path", [
+    ("1", "block", "two_level"), ("auto", "block", "flat"),
+    ("auto", "cyclic", "two_level"), ("0", "cyclic", "flat")])
+def test_two_hosts_match_numpy_on_the_path_the_setting_says(setting,
+                                                            placement, path):
     code, out, err, _ = on_two_hosts("two_level", [path],
-                                     {"NNCOMM_HIERARCHICAL": setting})
+                                     {"NNCOMM_HIERARCHICAL": setting},
+                                     placement=placement)
     passed("two_level", 4, code, out, err)
     # Only an explicit 1 says that the uneven group runs flat.
     assert (UNEVEN_NOTE in err) == (setting == "1"), err
@@ -64,15 +71,16 @@ def test_two_hosts_match_numpy_on_the_path_the_setting_says(setting, path):
 def test_two_hosts_in_small_pieces():
     """Several pieces per all-reduce, the last one shorter and odd."""
     code, out, err, _ = on_two_hosts(
-        "two_level", ["two_level"], {"NNCOMM_CHUNK_BYTES": "65540"})
+        "two_level", ["two_level"], {"NNCOMM_CHUNK_BYTES": "65540"},
+        placement="cyclic")
     passed("two_level", 4, code, out, err)
 
 
 @pytest.mark.parametrize("mode", ("callback", "solver"))
 def test_join_on_two_hosts(mode):
     """A rank that left comm.join() makes the two-level steps too."""
-    code, out, err, _ = on_two_hosts("join", [mode],
-                                     {"NNCOMM_TIMEOUT": "60"})
+    code, out, err, _ = on_two_hosts(
+        "join", [mode], {"NNCOMM_TIMEOUT": "60", "NNCOMM_HIERARCHICAL": "1"})
     passed("join", 4, code, out, err)
 
 

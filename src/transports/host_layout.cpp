@@ -15,6 +15,10 @@ HostLayout HostLayout::of(const std::vector<int> &host_of) {
     if (host.second != layout.ranks_per_host)
       layout.ranks_per_host = 0;
   }
+  const size_t k = static_cast<size_t>(layout.ranks_per_host);
+  layout.blocked = k > 0;
+  for (size_t r = 0; r < host_of.size() && layout.blocked; ++r)
+    layout.blocked = host_of[r] == host_of[r - r % k];
   return layout;
 }
 
@@ -31,7 +35,8 @@ bool HostLayout::two_level(config::Hierarchical mode,
     }
     return false;
   }
-  return ranks_per_host > 1;
+  return ranks_per_host > 1 &&
+         (mode == config::Hierarchical::kOn || !blocked);
 }
 
 void split_shards(size_t count, int parts, std::vector<int> *counts,

@@ -6,7 +6,8 @@ Usage: two_level.py PATH, PATH being the path the world's all-reduces
 must take: "two_level" or "flat" (read from this rank's flight record,
 where the operation is named). On 4 ranks it also checks the groups
 "reversed" (every rank, as the world: same path) and "gapped" (ranks 3, 0
-and 2: one rank on the first host and two on the second, always flat).
+and 2: two on one host and one on the other, in blocks or alternating,
+always flat).
 
 Checked, against numpy sums of every rank's contribution: all_reduce of a
 list (fused into one message), packed and in place, sum and mean,

@@ -26,22 +26,33 @@ TEST(host_layout_counts_hosts_and_equal_ranks_per_host) {
   const HostLayout two_by_two = HostLayout::of({0, 0, 2, 2});
   CHECK_EQ(two_by_two.hosts, 2);
   CHECK_EQ(two_by_two.ranks_per_host, 2);
+  CHECK(two_by_two.blocked);
   // Hosts need not hold consecutive ranks.
   const HostLayout interleaved = HostLayout::of({0, 1, 0, 1, 0, 1});
   CHECK_EQ(interleaved.hosts, 2);
   CHECK_EQ(interleaved.ranks_per_host, 3);
+  CHECK(!interleaved.blocked);
+  // Consecutive, but not in blocks of the ranks per host.
+  CHECK(!HostLayout::of({0, 1, 1, 0}).blocked);
+  CHECK(HostLayout::of({4, 4, 0, 0, 2, 2}).blocked);
   CHECK_EQ(HostLayout::of({0, 0, 2}).ranks_per_host, 0);
+  CHECK(!HostLayout::of({0, 0, 2}).blocked);
   CHECK_EQ(HostLayout::of({5}).hosts, 1);
 }
 
 TEST(host_layout_decides_two_levels_as_the_setting_says) {
   const std::vector<int> two_by_two = {0, 0, 2, 2};
+  const std::vector<int> alternating = {0, 2, 0, 2};
   const std::vector<int> one_host = {0, 0, 0, 0};
   const std::vector<int> one_per_host = {0, 1, 2};
   const std::vector<int> unequal = {0, 0, 2};
-  CHECK_EQ(decided(two_by_two, Mode::kAuto), "two levels");
+  // In blocks, flat unless asked for.
+  CHECK_EQ(decided(two_by_two, Mode::kAuto), "flat");
   CHECK_EQ(decided(two_by_two, Mode::kOn), "two levels");
   CHECK_EQ(decided(two_by_two, Mode::kOff), "flat");
+  CHECK_EQ(decided(alternating, Mode::kAuto), "two levels");
+  CHECK_EQ(decided(alternating, Mode::kOn), "two levels");
+  CHECK_EQ(decided(alternating, Mode::kOff), "flat");
   for (Mode mode : {Mode::kAuto, Mode::kOn, Mode::kOff}) {
     CHECK_EQ(decided(one_host, mode), "flat");
     CHECK_EQ(decided(one_per_host, mode), "flat");

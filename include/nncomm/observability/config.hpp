@@ -75,7 +75,8 @@ GpuTransport gpu_transport();
 
 // Whether MpiTransport all-reduces in two levels across hosts
 // (hierarchical_allreduce.hpp): kAuto (the default) where its ranks span
-// several hosts with the same number (> 1) of them on each, kOn wherever
+// several hosts with the same number (> 1) of them on each, not in blocks
+// of consecutive ranks (host_layout.hpp says why), kOn wherever
 // they span several hosts and can (else flat, with a note on stderr: see
 // host_layout.hpp), kOff never.
 // NNCOMM_HIERARCHICAL=auto|1|0.

@@ -14,19 +14,25 @@
 namespace nncomm {
 
 struct HostLayout {
-  int hosts = 0;         // distinct hosts
+  int hosts = 0;          // distinct hosts
   int ranks_per_host = 0; // the same on every host, else 0
+  // Each host's ranks are consecutive (ranks 0..k-1 on one host, k..2k-1
+  // on the next, ...): MPICH's flat all-reduce (recursive halving, nearest
+  // ranks first) then already sends each element across hosts as seldom
+  // as the two levels do (bench/hierarchical_bench.py).
+  bool blocked = false;
 
   // The layout of ranks whose host is `host_of[r]` (any number, equal for
   // ranks that share a host).
   static HostLayout of(const std::vector<int> &host_of);
 
   // Whether all-reduces run in two levels under `mode`: kAuto where the
-  // ranks span several hosts with the same number (> 1) on each; kOn
-  // wherever they span several hosts and can, setting `*why_flat` where
-  // they cannot (the hosts hold different numbers of ranks); kOff never.
-  // One rank per host runs flat under every mode: the two levels would be
-  // the flat all-reduce plus two copies.
+  // ranks span several hosts with the same number (> 1) on each, not in
+  // blocks (where they are, the two levels cost time and save no bytes);
+  // kOn wherever they span several hosts and can, setting `*why_flat`
+  // where they cannot (the hosts hold different numbers of ranks); kOff
+  // never. One rank per host runs flat under every mode: the two levels
+  // would be the flat all-reduce plus two copies.
   bool two_level(config::Hierarchical mode, std::string *why_flat) const;
 };
 
