@@ -71,7 +71,7 @@ def test_two_hosts_match_numpy_on_the_path_the_setting_says(setting,
 def test_two_hosts_in_small_pieces():
     """Several pieces per all-reduce, the last one shorter and odd."""
     code, out, err, _ = on_two_hosts(
-        "two_level", ["two_level"], {"NNCOMM_CHUNK_BYTES": "65540"},
+        "two_level", ["two_level"], {"NNCOMM_CHUNK_BYTES": "262148"},
         placement="cyclic")
     passed("two_level", 4, code, out, err)
 
