@@ -199,6 +199,11 @@ cdef extern from "nncomm/observability/config.hpp" namespace "nncomm::config" no
         kNew
         kEvery
     CallChecks check_calls()
+    enum class Hierarchical(int):
+        kAuto
+        kOff
+        kOn
+    Hierarchical hierarchical()
     bool check_finite_setting "nncomm::config::check_finite"()
 
 

@@ -23,6 +23,15 @@ MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 RANK_COUNTS = (1, 2, 3, 4)
 
 
+def worker_env(env=None):
+    """The environment a worker's ranks add to this one's: its folder on
+    PYTHONPATH, then `env`."""
+    full_env = {"PYTHONPATH": os.pathsep.join(
+        [WORKERS] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    full_env.update(env or {})
+    return full_env
+
+
 def run_job(worker, n, args=(), env=None, timeout=180, mpiexec_args=(),
             last_rank_prefix=()):
     """Runs tests/mpi/<worker>.py on `n` ranks, whatever its outcome.
@@ -32,13 +41,14 @@ def run_job(worker, n, args=(), env=None, timeout=180, mpiexec_args=(),
     the test. `last_rank_prefix`: a command that starts the last rank's
     (e.g. a shell that outlives it).
     """
-    script = os.path.join(WORKERS, f"{worker}.py")
-    full_env = {"PYTHONPATH": os.pathsep.join(
-        [WORKERS] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
-    full_env.update(env or {})
-    return run_program([sys.executable, "-m", "mpi4py", script,
-                        *map(str, args)], n, full_env, timeout, mpiexec_args,
-                       last_rank_prefix)
+    return run_program(worker_command(worker, args), n, worker_env(env),
+                       timeout, mpiexec_args, last_rank_prefix)
+
+
+def worker_command(worker, args=()):
+    """The command that runs tests/mpi/<worker>.py on a rank."""
+    return [sys.executable, "-m", "mpi4py",
+            os.path.join(WORKERS, f"{worker}.py"), *map(str, args)]
 
 
 def run_program(program, n, env=None, timeout=180, mpiexec_args=(),
@@ -89,6 +99,12 @@ def run_worker(worker, n, args=(), env=None, timeout=180):
     Returns the job's stdout.
     """
     code, out, err, _ = run_job(worker, n, args, env, timeout)
+    return passed(worker, n, code, out, err)
+
+
+def passed(worker, n, code, out, err):
+    """Fails the test unless the job of `worker` on `n` ranks exited 0
+    (`code`) and its rank 0 reported its checks as passed; returns `out`."""
     if code != 0:
         pytest.fail(f"{worker} on {n} ranks exited with {code}\n"
                     f"--- stdout ---\n{out}\n--- stderr ---\n{err}")

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 namespace nncomm {
 namespace config {
@@ -61,27 +62,25 @@ Setting<double> seconds(const char *name, double fallback) {
   return {parsed};
 }
 
-Setting<CallChecks> call_checks(const char *name) {
+// One of the words of `choices`, each standing for its value; unset or
+// empty: `fallback`. `expected` lists the words, for the message.
+template <typename T>
+Setting<T> one_of(const char *name, T fallback,
+                  std::initializer_list<std::pair<const char *, T>> choices,
+                  const char *expected) {
   const char *v = env(name);
   if (v == nullptr)
-    return {CallChecks::kNew};
-  const std::string s = v;
-  if (s == "0")
-    return {CallChecks::kOff};
-  if (s == "1")
-    return {CallChecks::kEvery};
-  return refused(name, CallChecks::kNew, "0 (no check) or 1 (every call)");
+    return {fallback};
+  for (const auto &choice : choices) {
+    if (std::string(v) == choice.first)
+      return {choice.second};
+  }
+  return refused(name, fallback, expected);
 }
 
 // 0 or 1.
 Setting<bool> switch_of(const char *name, bool fallback) {
-  const char *v = env(name);
-  if (v == nullptr)
-    return {fallback};
-  const std::string s = v;
-  if (s == "0" || s == "1")
-    return {s == "1"};
-  return refused(name, fallback, "0 or 1");
+  return one_of(name, fallback, {{"0", false}, {"1", true}}, "0 or 1");
 }
 
 Setting<int> microseconds(const char *name, int fallback) {
@@ -95,31 +94,6 @@ Setting<int> microseconds(const char *name, int fallback) {
   return {static_cast<int>(parsed)};
 }
 
-Setting<std::optional<Launch>> launch(const char *name) {
-  const char *v = env(name);
-  const std::string s = v == nullptr ? "auto" : v;
-  if (s == "eager")
-    return {Launch::kEager};
-  if (s == "deferred")
-    return {Launch::kDeferred};
-  if (s == "auto")
-    return {std::nullopt};
-  return refused<std::optional<Launch>>(name, std::nullopt,
-                                        "eager, deferred or auto");
-}
-
-Setting<GpuTransport> gpu_choice(const char *name) {
-  const char *v = env(name);
-  const std::string s = v == nullptr ? "auto" : v;
-  if (s == "auto")
-    return {GpuTransport::kAuto};
-  if (s == "nccl")
-    return {GpuTransport::kNccl};
-  if (s == "mpi")
-    return {GpuTransport::kMpi};
-  return refused(name, GpuTransport::kAuto, "auto, nccl or mpi");
-}
-
 Setting<std::string> text(const char *name) {
   const char *v = env(name);
   return {v == nullptr ? "" : v};
@@ -130,14 +104,30 @@ struct Settings {
   Setting<size_t> chunk = bytes("NNCOMM_CHUNK_BYTES", 4u << 20);
   Setting<size_t> direct = bytes("NNCOMM_DIRECT_BYTES", 1u << 20);
   Setting<size_t> huge_page = bytes("NNCOMM_HUGE_PAGE_BYTES", 4u << 20);
-  Setting<CallChecks> check = call_checks("NNCOMM_CHECK_CALLS");
+  Setting<CallChecks> check = one_of(
+      "NNCOMM_CHECK_CALLS", CallChecks::kNew,
+      {{"0", CallChecks::kOff}, {"1", CallChecks::kEvery}},
+      "0 (no check) or 1 (every call)");
   Setting<bool> finite = switch_of("NNCOMM_CHECK_FINITE", false);
-  Setting<std::optional<Launch>> launch_at = launch("NNCOMM_LAUNCH");
+  Setting<std::optional<Launch>> launch_at = one_of<std::optional<Launch>>(
+      "NNCOMM_LAUNCH", std::nullopt,
+      {{"eager", Launch::kEager}, {"deferred", Launch::kDeferred},
+       {"auto", std::nullopt}},
+      "eager, deferred or auto");
   Setting<int> poll = microseconds("NNCOMM_ENGINE_POLL_US", 50);
   Setting<double> timeout = seconds("NNCOMM_TIMEOUT", 1800);
   Setting<double> stall = seconds("NNCOMM_STALL_WARNING", 60);
   Setting<size_t> fail_allocation = bytes("NNCOMM_TEST_FAIL_ALLOCATION", 0);
-  Setting<GpuTransport> gpu = gpu_choice("NNCOMM_GPU_TRANSPORT");
+  Setting<GpuTransport> gpu = one_of(
+      "NNCOMM_GPU_TRANSPORT", GpuTransport::kAuto,
+      {{"auto", GpuTransport::kAuto}, {"nccl", GpuTransport::kNccl},
+       {"mpi", GpuTransport::kMpi}},
+      "auto, nccl or mpi");
+  Setting<Hierarchical> two_level = one_of(
+      "NNCOMM_HIERARCHICAL", Hierarchical::kAuto,
+      {{"auto", Hierarchical::kAuto}, {"0", Hierarchical::kOff},
+       {"1", Hierarchical::kOn}},
+      "auto, 0 or 1");
   Setting<std::string> nccl = text("NNCOMM_NCCL_LIBRARY");
   Setting<std::string> timeline = text("NNCOMM_TIMELINE");
   // Bounded, so that a typo cannot ask every transport for gigabytes.
@@ -160,7 +150,7 @@ Status validate() {
        {&s.chunk.error, &s.direct.error, &s.huge_page.error, &s.check.error,
         &s.finite.error, &s.launch_at.error, &s.poll.error, &s.timeout.error,
         &s.stall.error, &s.fail_allocation.error, &s.gpu.error,
-        &s.flight.error}) {
+        &s.two_level.error, &s.flight.error}) {
     if (!error->empty())
       bad += (bad.empty() ? "" : "; ") + *error;
   }
@@ -182,6 +172,7 @@ size_t test_fail_allocation_bytes() {
   return settings().fail_allocation.value;
 }
 GpuTransport gpu_transport() { return settings().gpu.value; }
+Hierarchical hierarchical() { return settings().two_level.value; }
 const std::string &nccl_library() { return settings().nccl.value; }
 const std::string &timeline_path() { return settings().timeline.value; }
 size_t flight_recorder_entries() { return settings().flight.value; }

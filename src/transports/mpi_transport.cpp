@@ -15,20 +15,11 @@
 #include "nncomm/host/huge_pages.hpp"
 #include "nncomm/host/elementwise.hpp"
 #include "nncomm/core/wait.hpp"
+#include "nncomm/transports/mpi_failure.hpp"
 
 namespace nncomm {
 
 namespace {
-
-// `call` failed with `mpi_error`: the message carries MPI's own words.
-Status mpi_failure(int mpi_error, const char *call) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  if (MPI_Error_string(mpi_error, text, &length) != MPI_SUCCESS)
-    length = 0;
-  return Status::Transport(std::string(call) + " failed: " +
-                           std::string(text, length));
-}
 
 #define NNCOMM_MPI_CALL(fn, ...)                                               \
   do {                                                                         \
@@ -418,9 +409,12 @@ Status MpiTransport::Init(MPI_Request *created) {
   NNCOMM_MPI_CALL(MPI_Comm_split_type, comm_, MPI_COMM_TYPE_SHARED, rank_,
                   MPI_INFO_NULL, &node);
   err = MPI_Comm_rank(node, &local_rank_);
-  MPI_Comm_free(&node);
-  if (err != MPI_SUCCESS)
+  if (err != MPI_SUCCESS) {
+    MPI_Comm_free(&node);
     return mpi_failure(err, "MPI_Comm_rank");
+  }
+  NNCOMM_RETURN_IF_ERROR(
+      HierarchicalAllreduce::Create(comm_, rank_, node, &two_level_));
   created_seq_ = at_.seq;
   Join::enroll(this);
   return Status::Ok();
@@ -442,8 +436,11 @@ Status MpiTransport::start_allreduce(void *buf, size_t count, DType dt,
                                      WorkPtr *work) {
   MPI_Op op = MPI_OP_NULL;
   NNCOMM_RETURN_IF_ERROR(sum_op(dt, &op));
-  ShadowOp described_op =
-      described(ShadowOp::Kind::kAllreduce, "allreduce", count, dt);
+  // Named apart in stall reports and flight records; every rank of the
+  // transport takes the same path (decided together at its creation).
+  ShadowOp described_op = described(
+      ShadowOp::Kind::kAllreduce,
+      two_level_ ? "hierarchical_allreduce" : "allreduce", count, dt);
   described_op.scale = scale;
   described_op.divisor = divisor;
   NNCOMM_RETURN_IF_ERROR(begin(described_op));
@@ -452,6 +449,19 @@ Status MpiTransport::start_allreduce(void *buf, size_t count, DType dt,
     prefer_huge_pages(buf, bytes);
   const size_t step = chunk_elements(dt);
   char *base = static_cast<char *>(buf);
+  if (two_level_) {
+    const Reduction r{base, count, step, dt, mpi_type(dt), op, scale,
+                      divisor};
+    HierarchicalAllreduce *levels = two_level_.get();
+    return start_pieces(
+        "the two-level all-reduce (MPI_Ireduce_scatter, MPI_Iallreduce, "
+        "MPI_Iallgatherv)",
+        HierarchicalAllreduce::steps(r),
+        [=](size_t i, MPI_Request *request) {
+          return levels->start(r, i, request);
+        },
+        [=](size_t i) { levels->finish(r, i); }, work);
+  }
   const size_t size = dtype_size(dt);
   const MPI_Comm comm = comm_;
   // This rank's share is scaled where it lies and the sum overwrites it,

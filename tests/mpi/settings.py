@@ -6,10 +6,13 @@ every rank, the ValueError its cause.
 
 Usage: settings.py MODE, where MODE is
 - bad: every rank runs with NNCOMM_CHUNK_BYTES=4k, NNCOMM_TIMEOUT=-1,
-  NNCOMM_GPU_TRANSPORT=gloo, NNCOMM_FLIGHT_RECORDER=lots and
-  NNCOMM_CHECK_FINITE=yes;
+  NNCOMM_GPU_TRANSPORT=gloo, NNCOMM_FLIGHT_RECORDER=lots,
+  NNCOMM_CHECK_FINITE=yes and NNCOMM_HIERARCHICAL=sometimes;
 - differ: rank r runs with NNCOMM_DIRECT_BYTES=(r + 1) * 64, or with
-  NNCOMM_CHECK_CALLS=0 on rank 0 only (MODE differ_checks);
+  NNCOMM_CHECK_CALLS=0 on rank 0 only (MODE differ_checks), or with
+  NNCOMM_HIERARCHICAL=0 on rank 0 only (MODE differ_hierarchical: on
+  ranks that span hosts, the others' world all-reduce would run in two
+  levels);
 - same: every rank runs with NNCOMM_DIRECT_BYTES=64 (init succeeds).
 """
 import os
@@ -29,10 +32,13 @@ if MODE == "bad":
     os.environ["NNCOMM_GPU_TRANSPORT"] = "gloo"
     os.environ["NNCOMM_FLIGHT_RECORDER"] = "lots"
     os.environ["NNCOMM_CHECK_FINITE"] = "yes"
+    os.environ["NNCOMM_HIERARCHICAL"] = "sometimes"
 elif MODE == "differ":
     os.environ["NNCOMM_DIRECT_BYTES"] = str((RANK + 1) * 64)
 elif MODE == "differ_checks" and RANK == 0:
     os.environ["NNCOMM_CHECK_CALLS"] = "0"
+elif MODE == "differ_hierarchical" and RANK == 0:
+    os.environ["NNCOMM_HIERARCHICAL"] = "0"
 elif MODE == "same":
     os.environ["NNCOMM_DIRECT_BYTES"] = "64"
 
@@ -42,11 +48,14 @@ expected = {
             "NNCOMM_GPU_TRANSPORT=gloo (expected auto, nccl or mpi)",
             "NNCOMM_FLIGHT_RECORDER=lots (expected 0 (off) to 1000000 "
             "operations)",
-            "NNCOMM_CHECK_FINITE=yes (expected 0 or 1)"],
+            "NNCOMM_CHECK_FINITE=yes (expected 0 or 1)",
+            "NNCOMM_HIERARCHICAL=sometimes (expected auto, 0 or 1)"],
     "differ": ["NNCOMM_DIRECT_BYTES differs between ranks"]
     + [f"{(r + 1) * 64} on ranks [{r}]" for r in range(SIZE)],
     "differ_checks": ["NNCOMM_CHECK_CALLS differs between ranks",
                       "on ranks [0]"],
+    "differ_hierarchical": ["NNCOMM_HIERARCHICAL differs between ranks",
+                            "on ranks [0]"],
 }.get(MODE)
 if expected is None:
     comm, _ = make_comm()

@@ -73,6 +73,16 @@ double stall_warning_seconds();
 enum class GpuTransport { kAuto = 0, kNccl = 1, kMpi = 2 };
 GpuTransport gpu_transport();
 
+// Whether MpiTransport all-reduces in two levels across hosts
+// (hierarchical_allreduce.hpp): kAuto (the default) where its ranks span
+// several hosts with the same number (> 1) of them on each, not in blocks
+// of consecutive ranks (host_layout.hpp says why), kOn wherever
+// they span several hosts and can (else flat, with a note on stderr: see
+// host_layout.hpp), kOff never.
+// NNCOMM_HIERARCHICAL=auto|1|0.
+enum class Hierarchical { kAuto = 0, kOff = 1, kOn = 2 };
+Hierarchical hierarchical();
+
 // The NCCL library to load (a path or a file name), default
 // "libnccl.so.2" as the dynamic loader finds it. NNCOMM_NCCL_LIBRARY.
 const std::string &nccl_library();

@@ -8,7 +8,8 @@
 // stall inspector (stall_inspector.hpp) by a position the same on every
 // rank making the same call. Reductions of large buffers travel in pieces
 // (config::chunk_bytes()), each scaled and divided next to its reduction,
-// while it is still in cache.
+// while it is still in cache. Across hosts, all-reduces may run in two
+// levels (hierarchical_allreduce.hpp), as the pieces of one operation.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@
 
 #include "nncomm/observability/flight_recorder.hpp"
 #include "nncomm/observability/stall_inspector.hpp"
+#include "nncomm/transports/hierarchical_allreduce.hpp"
 #include "nncomm/transports/join.hpp"
 #include "nncomm/transports/transport.hpp"
 
@@ -128,6 +130,9 @@ private:
   int size_ = 0;
   int local_rank_ = 0;
   MPI_Comm check_comm_ = MPI_COMM_NULL; // check_call()'s rounds only
+  // All-reduces in two levels, where the ranks' hosts call for them
+  // (NNCOMM_HIERARCHICAL); null: flat.
+  std::unique_ptr<HierarchicalAllreduce> two_level_;
   // The operation under way: counted, the same on every rank while their
   // calls match.
   StallInspector::Position at_;
