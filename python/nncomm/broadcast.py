@@ -259,17 +259,27 @@ def _agreed(comm, make, group, what, noun, settings=None):
 def _unpickle(comm, group, what, load):
     """`load()`, or pickle.UnpicklingError on every rank of the group when
     it failed on any."""
+    return _on_every_rank(comm, group, load, Exception,
+                          lambda bad, here: pickle.UnpicklingError(
+                              f"{what}: group ranks {bad} of group "
+                              f"{group!r} cannot unpickle what they "
+                              f"received{here}"))
+
+
+def _on_every_rank(comm, group, act, catches, error):
+    """`act()`, where it raised none of `catches` on any rank of the group;
+    else, on every rank, the exception `error(bad, here)` (chained to this
+    rank's own): `bad` the group ranks where it raised, `here` this rank's
+    exception as " (here: Type: message)", or "" where it did not raise."""
     try:
-        result, error = load(), None
-    except Exception as e:
-        result, error = None, e
-    heads = _gather(comm, [error is not None], group)
+        result, raised = act(), None
+    except catches as e:
+        result, raised = None, e
+    heads = _gather(comm, [raised is not None], group)
     if heads.any():
-        bad = np.flatnonzero(heads[:, 0]).tolist()
-        here = f" (here: {type(error).__name__}: {error})" if error else ""
-        raise pickle.UnpicklingError(
-            f"{what}: group ranks {bad} of group {group!r} cannot unpickle "
-            f"what they received{here}") from error
+        here = f" (here: {type(raised).__name__}: {raised})" if raised \
+            else ""
+        raise error(np.flatnonzero(heads[:, 0]).tolist(), here) from raised
     return result
 
 

@@ -25,7 +25,7 @@ import numpy as np
 
 import nnabla as nn
 
-from nncomm.broadcast import _agreed, _gather
+from nncomm.broadcast import _agreed, _gather, _on_every_rank
 
 # Solvers whose update of an element reads the whole parameter (the norms of
 # LARS's and LAMB's trust ratios): a slice alone would be updated wrongly.
@@ -400,17 +400,11 @@ class ShardedSolver:
     def _on_every_rank(self, what, kind, act):
         """`act()`, raising `kind` on every rank of the group where it
         failed on any (so that no rank goes on alone)."""
-        try:
-            act()
-            error = None
-        except (OSError, ValueError, KeyError) as e:
-            error = e
-        failed = _gather(self._comm, [error is not None], self._group)[:, 0]
-        if failed.any():
-            here = f" (here: {type(error).__name__}: {error})" if error \
-                else ""
-            raise kind(f"{what}: group ranks {np.flatnonzero(failed).tolist()}"
-                       f" of group {self._group!r} failed{here}") from error
+        _on_every_rank(self._comm, self._group, act,
+                       (OSError, ValueError, KeyError),
+                       lambda bad, here: kind(
+                           f"{what}: group ranks {bad} of group "
+                           f"{self._group!r} failed{here}"))
 
     # -- refused --------------------------------------------------------------
 
