@@ -242,10 +242,36 @@ cdef class GradBucket:
                     ([-1] if header[_ABORTED] else [])
 
 
+cdef class OwnerReducing:
+    """ZeRO stage 2's bucket reduction, a hook in C++
+    (include/nncomm/core/owner_reduction.hpp) that
+    :class:`nncomm.DistributedSolver` with ``shard="gradients"`` passes
+    to :meth:`Communicator.all_reduce_callback`: each element of a bucket
+    is summed onto the group rank that owns it, and left NaN on the
+    others.
+
+    Args:
+        starts (list of int): Where each reduced gradient begins in the
+            element space, in the order of the callback's `data`.
+        bounds (list of int): Group rank r owns elements ``bounds[r]`` to
+            ``bounds[r + 1]``; one more than the group's ranks.
+    """
+    cdef unique_ptr[OwnerReduction] core
+
+    def __cinit__(self, starts, bounds):
+        bounds = [int(b) for b in bounds]
+        if len(bounds) < 2 or bounds[0] != 0 or bounds != sorted(bounds):
+            raise ValueError(f"bounds must rise from 0, one per rank and "
+                             f"one more, not {bounds}")
+        self.core.reset(new OwnerReduction([int(s) for s in starts], bounds))
+
+
 cdef class _HookCaller:
     """Calls a bucket hook for an engine: the PythonHook the engine is
-    given, and what the latest iteration's hook raised."""
+    given, or an OwnerReducing's own, and what the latest iteration's
+    Python hook raised."""
     cdef unique_ptr[PythonHook] core
+    cdef BucketHook* native  # an OwnerReducing's, which `hook` keeps alive
     cdef readonly object hook
     cdef str group_name
     cdef list ranks  # world ranks of the group
@@ -258,7 +284,7 @@ cdef class _HookCaller:
     cdef BucketHook* begin(self):
         self.error = None
         self.message = None
-        return self.core.get()
+        return self.native if self.native != NULL else self.core.get()
 
     cdef int raise_failure(self) except -1:
         """Raises the hook's failure of the latest iteration, if any, as a
@@ -376,9 +402,13 @@ cdef _HookCaller hook_caller(hook, _Group group, str group_name, list data,
     (named by `names`; None: by nnabla's parameter names) over `group`."""
     if hook is None:
         return None
-    if not callable(hook):
+    if not callable(hook) and not isinstance(hook, OwnerReducing):
         raise TypeError(f"hook must be a callable taking a "
                         f"nncomm.GradBucket, not {hook!r}")
+    if on_device and isinstance(hook, OwnerReducing):
+        raise NotImplementedError(
+            "DistributedSolver(shard='gradients') reduces buckets in host "
+            "memory; on a CUDA device use shard='state'")
     if on_device:
         raise NotImplementedError(
             "bucket hooks reduce buckets in host memory; gradients on a "
@@ -389,5 +419,8 @@ cdef _HookCaller hook_caller(hook, _Group group, str group_name, list data,
     caller.ranks = group.ranks
     caller.data = data
     caller.names = names
-    caller.core.reset(new PythonHook(<HookCall>_call_hook, <void*>caller))
+    if isinstance(hook, OwnerReducing):
+        caller.native = (<OwnerReducing>hook).core.get()
+    else:
+        caller.core.reset(new PythonHook(<HookCall>_call_hook, <void*>caller))
     return caller

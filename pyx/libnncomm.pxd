@@ -90,6 +90,11 @@ cdef extern from "nncomm/core/bucket_hook.hpp" namespace "nncomm" nogil:
         pass
 
 
+cdef extern from "nncomm/core/owner_reduction.hpp" namespace "nncomm" nogil:
+    cdef cppclass OwnerReduction(BucketHook):
+        OwnerReduction(vector[size_t] starts, vector[size_t] bounds)
+
+
 cdef extern from "python_hook.hpp" namespace "nncomm" nogil:
     ctypedef Status (*HookCall "nncomm::PythonHook::Call")(
         void* owner, const HookedBucket& bucket, Transport& transport,

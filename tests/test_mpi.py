@@ -446,15 +446,19 @@ def test_join_failure_raises_on_every_rank(mode, message):
     assert seconds < 30, seconds
 
 
+@pytest.mark.parametrize("shard", ["state", "gradients"])
 @pytest.mark.parametrize("n", RANK_COUNTS)
-def test_sharded_state_steps_as_unsharded(n):
-    # ZeRO stage 1: DistributedSolver(shard="state") against the unsharded
-    # one, the digits MLP, state bytes per rank and bad input.
-    run_worker("sharded_state", n, timeout=120)
+def test_sharded_state_steps_as_unsharded(n, shard):
+    # ZeRO stages 1 and 2: DistributedSolver(shard=...) against the
+    # unsharded one, the digits MLP, state bytes per rank, stage 2's
+    # gradients (reduced where owned, NaN elsewhere) and bad input.
+    run_worker("sharded_state", n, ["steps", f"--shard={shard}"],
+               timeout=120)
 
 
-def test_sharded_checkpoint_loads_at_other_rank_counts(tmp_path):
+@pytest.mark.parametrize("shard", ["state", "gradients"])
+def test_sharded_checkpoint_loads_at_other_rank_counts(tmp_path, shard):
     # Saved at 2 ranks, resumed at 3 and at 1, and consolidated.
-    run_worker("sharded_state", 2, ["save", tmp_path])
+    run_worker("sharded_state", 2, ["save", tmp_path, f"--shard={shard}"])
     for n in (3, 1):
-        run_worker("sharded_state", n, ["load", tmp_path])
+        run_worker("sharded_state", n, ["load", tmp_path, f"--shard={shard}"])

@@ -12,7 +12,7 @@ from nncomm.solver_wrapper import SolverWrapper
 from nncomm.sparse import embedding_indices, sparse_all_reduce, touched_rows
 
 _OPS = ("average", "sum")
-_SHARDS = (None, "state")
+_SHARDS = (None, "state", "gradients")
 
 
 class DistributedSolver(SolverWrapper):
@@ -93,7 +93,14 @@ class DistributedSolver(SolverWrapper):
             rank's shard's state, and ``save_states`` /
             ``load_states`` write and read checkpoints that any number
             of ranks can load (:func:`nncomm.consolidate_states` makes an
-            ordinary solver's state of one).
+            ordinary solver's state of one). ``"gradients"``: ZeRO stage
+            2, as ``"state"``, but each element of the gradients is summed
+            during backward onto the rank that owns it alone (a reduce per
+            bucket and owner in place of the all-reduce), and once backward
+            returns the gradients of parameters this rank owns nothing of
+            are released (until the next backward writes them). A rank's
+            gradients are then reduced only where it owns them, and NaN
+            elsewhere. Not with a `hook`, nor on a CUDA device.
         hook (callable): A bucket hook that reduces each bucket in place of
             nncomm's all-reduce (:meth:`Communicator.all_reduce_callback`'s
             `hook`), e.g. ``nncomm.hooks.PowerSGD(rank=2)``; not with
@@ -170,10 +177,10 @@ class DistributedSolver(SolverWrapper):
         if hook is not None and not callable(hook):
             raise TypeError(f"hook must be a callable taking a "
                             f"nncomm.GradBucket, not {hook!r}")
-        _check_shard(shard, quantized, distributed_after)
+        _check_shard(shard, quantized, distributed_after, hook)
         super().__init__(solver, comm, group, distributed_after)
-        if shard == "state":
-            self._solver = ShardedSolver(solver, comm, group)
+        if shard is not None:
+            self._solver = ShardedSolver(solver, comm, group, shard)
         self._shard = shard
         self._compression = compression
         self._op = op
@@ -269,11 +276,13 @@ class DistributedSolver(SolverWrapper):
                   if name not in self._dense}
         dense = self._dense_reductions(frozenset(tables))
         division = self._op == "average"
+        owners = self._shard == "gradients"
         callbacks = [self._comm.all_reduce_callback(
             grads, pack_size, division=division, group=self._group,
             scale_grad=1 / self._predivide,
             wire_dtype=self._compression.wire_dtype, priority=self._priority,
-            check_finite=self._check_finite, hook=self._hook)
+            check_finite=self._check_finite,
+            hook=self._solver.owner_reducing(grads) if owners else self._hook)
             for grads, pack_size in dense]
         for cb, (grads, _) in zip(callbacks, dense):
             cb._name_gradients([self._names.get(g) for g in grads])
@@ -286,6 +295,9 @@ class DistributedSolver(SolverWrapper):
         for name, rows in tables.items():
             sparse_all_reduce(self._comm, self._params[name].grad, rows,
                               division, self._group)
+        if owners:
+            self._solver.release_unowned({g for grads, _ in dense
+                                          for g in grads})
         self._reduced = True
 
     @staticmethod
@@ -417,26 +429,26 @@ def data_parallel_solver(solver, comm, num_quantization_bits=32,
                              distributed_after=distributed_after)
 
 
-def _check_shard(shard, quantized, distributed_after):
+def _check_shard(shard, quantized, distributed_after, hook):
     """ValueError unless DistributedSolver supports `shard` with these
     other arguments."""
-    if shard == "gradients":
-        raise ValueError("shard='gradients' (ZeRO stage 2: gradients "
-                         "reduce-scattered during backward) is not "
-                         "implemented yet; shard='state' shards the solver "
-                         "state")
     if not (shard is None or isinstance(shard, str) and shard in _SHARDS):
         raise ValueError(f"shard must be one of {_SHARDS}, not {shard!r}")
     if shard is None:
         return
     if quantized:
-        raise ValueError("shard='state' with quantized compression is not "
-                         "supported: use Compression.none, fp16 or bf16")
+        raise ValueError(f"shard={shard!r} with quantized compression is "
+                         f"not supported: use Compression.none, fp16 or "
+                         f"bf16")
     if distributed_after:
-        raise ValueError("shard='state' with distributed_after (a warm "
-                         "start) is not supported: each rank would train "
-                         "its whole model alone, with the whole solver "
-                         "state that sharding leaves it without")
+        raise ValueError(f"shard={shard!r} with distributed_after (a warm "
+                         f"start) is not supported: each rank would train "
+                         f"its whole model alone, with the whole solver "
+                         f"state that sharding leaves it without")
+    if shard == "gradients" and hook is not None:
+        raise ValueError("shard='gradients' reduces each bucket onto the "
+                         "ranks that own its elements; it takes no hook "
+                         "(shard='state' does)")
 
 
 def _reductions(params, groups, pack_size, skip=frozenset()):

@@ -75,8 +75,8 @@ class Join:
                                  f"cannot be made the same at its end")
         if sharded_solvers(comm):
             raise ValueError(
-                "comm.join() cannot run beside a "
-                "DistributedSolver(shard='state') on this communicator: a "
+                "comm.join() cannot run beside a DistributedSolver with "
+                "shard='state' or 'gradients' on this communicator: a "
                 "rank that left would take part in the parameters' "
                 "all-gather with zeros for its range of elements")
         self._comm = comm

@@ -2,7 +2,11 @@
 ``ZeroRedundancyOptimizer``): each rank of a group updates only its own
 contiguous range of the parameters' elements, so that the solver's state
 (Adam's moments, momenta) exists once over the group instead of once per
-rank, and the ranks then all-gather the updated parameters.
+rank, and the ranks then all-gather the updated parameters. With sharded
+gradients as well (ZeRO stage 2), each element of the callback's buckets
+is summed onto its owner alone during backward (:class:`OwnerReducing`),
+and the gradients of parameters a rank owns nothing of are released once
+backward returns.
 
 The parameters, flattened in registration order, form one element space of
 T elements; group rank r of N owns ``[r*T//N, (r+1)*T//N)``
@@ -25,6 +29,7 @@ import numpy as np
 
 import nnabla as nn
 
+from nncomm._nncomm import OwnerReducing
 from nncomm.broadcast import _agreed, _gather, _on_every_rank
 
 # Solvers whose update of an element reads the whole parameter (the norms of
@@ -89,8 +94,8 @@ class ShardedSolver:
     state, cover only this rank's range of their elements; the wrapped
     solver holds one shard Variable per owned parameter slice.
     :class:`nncomm.DistributedSolver` wraps its solver in one with
-    ``shard="state"``; every rank must hold the reduced gradients of every
-    parameter when :meth:`update` is called.
+    ``shard="state"`` or ``"gradients"``; every rank must hold the reduced
+    gradients of the elements it owns when :meth:`update` is called.
 
     Methods that read or change gradients (``weight_decay``,
     ``scale_grad``, ``clip_grad_by_norm``, the ``check_*_grad`` ones) act
@@ -106,15 +111,17 @@ class ShardedSolver:
             its whole parameter.
         comm (:obj:`nncomm.Communicator`): An initialized communicator.
         group (str): The group whose ranks share the state.
+        shard (str): ``"state"`` or ``"gradients"``, for messages.
 
     Raises:
         ValueError: `solver` is LARS or LAMB.
     """
 
-    def __init__(self, solver, comm, group):
+    def __init__(self, solver, comm, group, shard="state"):
+        self._what = f"shard={shard!r}"
         if solver.name in _WHOLE_PARAMETER:
             raise ValueError(
-                f"shard='state' cannot shard {solver.name}: its update of an "
+                f"{self._what} cannot shard {solver.name}: its update of an "
                 f"element reads the norm of the whole parameter, which a "
                 f"rank holding a slice does not have")
         ranks = comm.find_group(group)
@@ -152,16 +159,16 @@ class ShardedSolver:
         """
         if not reset or retain_state:
             raise NotImplementedError(
-                "shard='state' registers every parameter in one "
+                f"{self._what} registers every parameter in one "
                 "set_parameters(params) call (reset=True, "
                 "retain_state=False): parameters added later would move "
                 "every rank's range of elements and its state")
         params = _agreed(self._comm, lambda: _in_order(param_dict),
-                         self._group, "DistributedSolver(shard='state')",
+                         self._group, f"DistributedSolver({self._what})",
                          "parameters (in registration order)")
         dtypes = {np.dtype(v.data.dtype) for _, v in params}
         if len(dtypes) > 1:
-            raise ValueError(f"shard='state' gathers the parameters in one "
+            raise ValueError(f"{self._what} gathers the parameters in one "
                              f"dtype; they hold {sorted(map(str, dtypes))}")
         self._params = dict(params)
         sizes = [v.size for _, v in params]
@@ -223,6 +230,40 @@ class ShardedSolver:
                     _copy_range(flats, sizes, a + at, blocks[r, :count],
                                 out=False)
 
+    def owner_reducing(self, grads):
+        """The bucket hook that sums each element of `grads` onto the rank
+        owning it (ZeRO stage 2).
+
+        Args:
+            grads (list of :obj:`nnabla.NdArray`): Gradients of registered
+                parameters, in a callback's order.
+
+        Returns:
+            :class:`OwnerReducing`
+        """
+        starts = {}
+        at = 0
+        for v in self._params.values():
+            starts[v.grad] = at
+            at += v.size
+        bounds = [a for a, _ in self._ranges] + [at]
+        return OwnerReducing([starts[g] for g in grads], bounds)
+
+    def release_unowned(self, grads):
+        """Releases the memory of those of `grads` that this rank owns no
+        element of, as ZeRO stage 2 frees them: each becomes NaN, lazily
+        (nnabla allocates it again when written), so that a read of it is
+        loudly wrong.
+
+        Args:
+            grads (set of :obj:`nnabla.NdArray`): Gradients reduced onto
+                their owners.
+        """
+        owned = {i for i, _, _ in self._pieces}
+        for i, v in enumerate(self._params.values()):
+            if i not in owned and v.grad in grads:
+                v.grad.fill(np.nan)
+
     def zero_grad(self):
         """Zeroes the full gradients (every rank reduces all of them)."""
         for v in self._params.values():
@@ -255,7 +296,7 @@ class ShardedSolver:
         """
         if pre_hook is not None or post_hook is not None:
             raise NotImplementedError(
-                "clip_grad_by_norm with shard='state' takes no hooks: the "
+                f"clip_grad_by_norm with {self._what} takes no hooks: the "
                 "norms are summed over the ranks, not clipped by nnabla's "
                 "per-parameter function the hooks surround")
         squares = np.zeros(len(self._params))
@@ -410,7 +451,7 @@ class ShardedSolver:
 
     def _refuse(self, what):
         raise NotImplementedError(
-            f"{what} is not available with shard='state': the wrapped "
+            f"{what} is not available with {self._what}: the wrapped "
             f"solver holds views of this rank's slices of the parameters, "
             f"which set_parameters makes for all of them at once")
 

@@ -8,7 +8,8 @@
 // in plan order) and launched in that order on every rank, whatever order
 // each rank's gradients come in, with a failed rank and under either
 // schedule; a bucket hook reducing every bucket in the transport's stead,
-// and a hook's failure ending the iteration on every rank.
+// and a hook's failure ending the iteration on every rank; ZeRO stage 2's
+// hook summing each element onto the rank that owns it.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -18,6 +19,7 @@
 #include <numeric>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "check.hpp"
@@ -25,6 +27,7 @@
 #include "nncomm/observability/config.hpp"
 #include "nncomm/core/engine.hpp"
 #include "nncomm/core/bucket_runner.hpp"
+#include "nncomm/core/owner_reduction.hpp"
 #include "reference.hpp"
 
 using namespace nncomm;
@@ -1159,4 +1162,87 @@ TEST(engine_hook_failure_ends_the_iteration_on_every_rank) {
     calls.push_back(c);
   for (int r = 0; r < size; ++r)
     CHECK_EQ(world.calls(r), calls);
+}
+
+TEST(owner_runs_split_segments_at_the_owners_bounds) {
+  // Tensors of 4, 6 and 5 elements end to end; ranks own [0, 5), [5, 9)
+  // and [9, 15). A bucket holding tensor 2, then 1 from its element 2, then
+  // tensor 0's first 3 elements.
+  Bucket bucket;
+  bucket.segments = {{2, 0, 5}, {1, 2, 4}, {0, 0, 3}};
+  std::vector<OwnerRun> runs;
+  CHECK_OK(owner_runs(bucket, {0, 4, 10}, {0, 5, 9, 15}, &runs));
+  // Tensor 2 is [10, 15): rank 2. Tensor 1's [6, 10): rank 1 to 9, then
+  // rank 2. Tensor 0's [0, 3): rank 0.
+  const std::vector<std::tuple<size_t, size_t, int>> want = {
+      {0, 5, 2}, {5, 3, 1}, {8, 1, 2}, {9, 3, 0}};
+  CHECK_EQ(runs.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    CHECK_EQ(std::make_tuple(runs[i].offset, runs[i].count, runs[i].owner),
+             want[i]);
+  }
+  // Adjacent runs of one owner are one: tensors 0 and 1 both rank 0's.
+  bucket.segments = {{0, 0, 4}, {1, 0, 1}};
+  CHECK_OK(owner_runs(bucket, {0, 4, 10}, {0, 5, 9, 15}, &runs));
+  CHECK_EQ(runs.size(), size_t(1));
+  CHECK_EQ(runs[0].count, size_t(5));
+  bucket.segments = {{3, 0, 1}};
+  CHECK_CONTAINS(owner_runs(bucket, {0, 4, 10}, {0, 5, 9, 15}, &runs)
+                     .message(), "knows 3 gradients");
+  bucket.segments = {{2, 0, 6}};
+  CHECK_CONTAINS(owner_runs(bucket, {0, 4, 10}, {0, 5, 9, 15}, &runs)
+                     .message(), "which has 15");
+}
+
+TEST(engine_owner_reduction_sums_each_element_on_its_owner_alone) {
+  std::mt19937_64 rng(23);
+  for (int c = 0; c < 9; ++c) {
+    const int size = 1 + c % 3;
+    const Model model = random_model(rng, 30);
+    std::vector<size_t> starts;
+    size_t total = 0;
+    for (const TensorSpec &s : model.specs) {
+      starts.push_back(total);
+      total += s.count;
+    }
+    std::vector<size_t> bounds;
+    for (int r = 0; r <= size; ++r)
+      bounds.push_back(r * total / size);
+    FakeWorld world(size);
+    auto engines = engines_on(world, model);
+    std::vector<OwnerReduction> hooks;
+    hooks.reserve(size);
+    for (int r = 0; r < size; ++r)
+      hooks.emplace_back(starts, bounds);
+    const int divisor = size;
+    std::vector<Gradients> before;
+    for (int r = 0; r < size; ++r)
+      before.push_back(random_gradients(model, rng));
+    std::vector<Gradients> after = before;
+    const uint64_t seed = rng();
+    run_ranks(size, [&](int rank) {
+      std::mt19937_64 marks(seed + rank);
+      CHECK_OK(engines[rank]->begin(0, 1.0f, divisor, false, &hooks[rank]));
+      mark_all(*engines[rank], model, after[rank], marks);
+      CHECK_OK(engines[rank]->finish());
+    });
+    for (size_t t = 0; t < model.specs.size(); ++t) {
+      std::vector<const Array *> shares;
+      for (const Gradients &g : before)
+        shares.push_back(g[t] ? &*g[t] : nullptr);
+      for (int r = 0; r < size; ++r) {
+        if (!after[r][t])
+          continue;
+        const Array want = reduced(shares, wire_of(model, t), 1.0f, divisor,
+                                   after[r][t]->dtype());
+        for (size_t i = 0; i < want.count(); ++i) {
+          const size_t at = starts[t] + i;
+          if (bounds[r] <= at && at < bounds[r + 1])
+            CHECK_EQ(after[r][t]->get(i), want.get(i));
+          else
+            CHECK(std::isnan(after[r][t]->get(i)));
+        }
+      }
+    }
+  }
 }
