@@ -25,15 +25,7 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TWO_HOSTS = os.path.join(HERE, "run_two_hosts.sh")
-
-
-def link_bytes():
-    """Bytes the link has carried, both ways."""
-    out = subprocess.run([TWO_HOSTS, "--sent"], capture_output=True,
-                         text=True, check=True).stdout.split()
-    return sum(int(b) for b in out)
+from two_hosts import TWO_HOSTS, link_bytes
 
 
 def measure(sizes_mb, iters):

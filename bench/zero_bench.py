@@ -1,6 +1,7 @@
 """What sharded solver state (``DistributedSolver(shard="state")``, ZeRO
-stage 1) saves and costs: Adam on a 1024-1024-1024-1024-10 MLP (3.16 M
-parameters), against the unsharded DistributedSolver.
+stage 1) and sharded gradients (``shard="gradients"``, stage 2) save and
+cost: Adam on a 1024-1024-1024-1024-10 MLP (3.16 M parameters), against
+the unsharded DistributedSolver.
 
 Run it without mpiexec; it starts the jobs itself:
 
@@ -8,19 +9,28 @@ Run it without mpiexec; it starts the jobs itself:
 
 For each rank count:
 
-- memory, one job per kind (``none``, ``state``), alternating, ``--jobs``
+- memory, one job per kind (``none``, ``state``, ``gradients``),
+  alternating, ``--jobs``
   of each: per rank, the solver-state bytes (``get_states()``'s arrays)
   and the peak resident memory the training added: VmHWM after
   ``--steps`` steps minus VmRSS before the model was made (nnabla, MPI and
   the communicator loaded), so that imports do not hide the difference.
   A peak only grows, hence separate processes.
-- time, one job: the unsharded and the sharded solver on two copies of the
-  model, in alternating rounds of ``--steps`` steps, and a third kind,
+- time, one job: the unsharded and the sharded solvers on copies of the
+  model, in alternating rounds of ``--steps`` steps, and a fourth kind,
   ``rs``: stage 1 with the gradients reduce-scattered after backward
   (nnabla's plain backward, the gradients packed into one padded buffer,
   ``comm.reduce_scatter``, this rank's range written back) instead of
   all-reduced during it, as the alternative the design had to weigh.
   Median seconds per step on world rank 0 and the ratios to ``none``.
+
+With ``--link``, only the time job runs, its ranks talking over a shaped
+link (``RATE``, default 10gbit): ``--link emulated``, 2 ranks through
+bench/run_emulated_link.sh's loopback (every byte over the link);
+``--link two-hosts``, bench/run_two_hosts.sh's two emulated hosts of
+``--ranks`` / 2 ranks each (shared memory within a host), where rank 0 also
+reads the bytes the link between the hosts carried during each kind's
+rounds, printed per step.
 """
 import argparse
 import json
@@ -31,6 +41,11 @@ import sys
 import time
 
 import numpy as np
+
+from two_hosts import TWO_HOSTS, link_bytes
+
+EMULATED_LINK = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                             "run_emulated_link.sh")
 
 HIDDEN = 1024
 LAYERS = 3
@@ -145,7 +160,7 @@ def worker(args):
                 "parameters": sum(v.size for v in params.values())}
     else:
         kinds = {}
-        for kind in ("none", "state"):
+        for kind in ("none", "state", "gradients"):
             x, t, loss, params = model(kind)
             solver = nncomm.DistributedSolver(
                 S.Adam(1e-4), comm, shard=None if kind == "none" else kind)
@@ -156,32 +171,53 @@ def worker(args):
         rs = ReduceScattered(comm, params)
         kinds["rs"] = lambda b, m=(x, t, loss): rs.step(*m, b)
         times = {k: [] for k in kinds}
+        sent = {k: 0 for k in kinds}
+        counted = args.link == "two-hosts" and comm.rank == 0
         for step in kinds.values():  # warm-up
             step(data(rng))
         for _ in range(args.rounds):
             for kind, step in kinds.items():
+                comm.barrier()
+                before = link_bytes() if counted else 0
                 comm.barrier()
                 start = time.perf_counter()
                 for _ in range(args.steps):
                     step(data(rng))
                 times[kind].append((time.perf_counter() - start) /
                                    args.steps)
-        mine = {"rank": comm.rank, "times": times}
+                comm.barrier()
+                sent[kind] += link_bytes() - before if counted else 0
+        mine = {"rank": comm.rank, "times": times,
+                "link_bytes_per_step": {k: b / (args.rounds * args.steps)
+                                        for k, b in sent.items()}}
     everyone = nncomm.allgather_object(comm, mine)
     if comm.rank == 0:
-        print(json.dumps(everyone), flush=True)
+        print("RESULTS " + json.dumps(everyone), flush=True)
 
 
 def launch(ranks, worker, args):
-    cmd = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n",
-           str(ranks), sys.executable, os.path.abspath(__file__),
-           "--worker", worker, "--steps", str(args.steps), "--rounds",
-           str(args.rounds)]
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", worker,
+           "--steps", str(args.steps), "--rounds", str(args.rounds)]
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get(
         "OMP_NUM_THREADS", "1"))
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
-                         env=env).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    if args.link == "two-hosts":
+        cmd = [TWO_HOSTS] + cmd + ["--link", args.link]
+        env.update(MPIEXEC=mpiexec, RANKS_PER_HOST=str(ranks // 2))
+    elif args.link == "emulated":
+        if ranks != 2:
+            raise SystemExit("--link emulated runs 2 ranks")
+        cmd = [EMULATED_LINK] + cmd[2:]
+        env.update(BENCH=os.path.abspath(__file__))
+    else:
+        cmd = [mpiexec, "-n", str(ranks)] + cmd
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                         timeout=900)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULTS "):
+            return json.loads(line[len("RESULTS "):])
+    raise RuntimeError(f"{worker} on {ranks} ranks failed:\n{out.stdout}\n"
+                       f"{out.stderr}")
 
 
 def main():
@@ -191,12 +227,17 @@ def main():
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--jobs", type=int, default=2,
                         help="memory jobs of each kind")
+    parser.add_argument("--link", choices=["emulated", "two-hosts"],
+                        help="time over a shaped link (see above)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(args)
     for n in args.ranks:
-        memory = {"none": [], "state": []}
+        if args.link:
+            times(n, args)
+            continue
+        memory = {"none": [], "state": [], "gradients": []}
         for _ in range(args.jobs):
             for kind in memory:
                 memory[kind].append(launch(n, f"memory-{kind}", args))
@@ -207,20 +248,33 @@ def main():
             peak = [statistics.median(job[r]["peak_added_kib"]
                                       for job in jobs) / 1024
                     for r in range(n)]
-            print(f"  {kind:6s} state MiB per rank "
+            print(f"  {kind:9s} state MiB per rank "
                   f"{[round(s / 2**20, 2) for s in state]}; peak RSS added "
                   f"MiB per rank (median of {args.jobs} jobs) "
                   f"{[round(p, 1) for p in peak]}")
         none = memory["none"][0][0]["state_bytes"]
-        ratios = [round(r["state_bytes"] / none, 4)
-                  for r in memory["state"][0]]
-        print(f"  state ratio state/none per rank: {ratios}")
-        times = launch(n, "time", args)[0]["times"]
-        base = statistics.median(times["none"])
-        for kind, ts in times.items():
-            print(f"  {kind:6s} {statistics.median(ts) * 1e3:8.1f} ms/step "
-                  f"(rank 0, median of {args.rounds} rounds of {args.steps})"
-                  f"  ratio {statistics.median(ts) / base:.3f}")
+        for kind in ("state", "gradients"):
+            ratios = [round(r["state_bytes"] / none, 4)
+                      for r in memory[kind][0]]
+            print(f"  state ratio {kind}/none per rank: {ratios}")
+        times(n, args)
+
+
+def times(n, args):
+    """Runs the time job on `n` ranks and prints its table."""
+    rank0 = launch(n, "time", args)[0]
+    if args.link:
+        print(f"== {n} ranks, link {args.link} at "
+              f"{os.environ.get('RATE', '10gbit')}")
+    base = statistics.median(rank0["times"]["none"])
+    sent = rank0["link_bytes_per_step"]
+    for kind, ts in rank0["times"].items():
+        link = (f"  link MB/step {sent[kind] / 1e6:6.1f} ratio "
+                f"{sent[kind] / sent['none']:.3f}"
+                if args.link == "two-hosts" else "")
+        print(f"  {kind:9s} {statistics.median(ts) * 1e3:8.1f} ms/step "
+              f"(rank 0, median of {args.rounds} rounds of {args.steps})"
+              f"  ratio {statistics.median(ts) / base:.3f}{link}")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ cdef class _Plan:
     cdef vector[int] codes  # per gradient: its dtype code when planned
     cdef bint converted  # a gradient came in another dtype than planned
     cdef _HookCaller hook  # the latest iteration's bucket hook, or None
+    cdef list left  # per gradient, its buckets not written back yet
+    cdef size_t written  # buckets written back, as last seen
 
     cdef str mark_ndarray(self, Py_ssize_t i, x, NnablaContext context,
                           str when, str planned):
@@ -84,6 +86,11 @@ cdef class _Plan:
         gradient is checked for NaN and infinity before it leaves; with
         `hook`, the hook reduces every bucket."""
         self.hook = hook
+        self.written = 0
+        self.left = [0] * self.sizes.size()
+        for tensors in self.buckets:
+            for i in tensors:
+                self.left[i] += 1
         return CHKSTATUS(self.core().begin(
             self.id, scale, divisor, check_finite,
             <BucketHook*>NULL if hook is None else hook.begin()))
@@ -102,6 +109,19 @@ cdef class _Plan:
         raise nonfinite_error(
             data, names, {ranks[report.rank]: (report.count, report.tensors)
                           for report in self.core().nonfinite()})
+
+    cdef list newly_written_back(self):
+        """The gradients whose last bucket the engine has written back
+        since the last call in this iteration."""
+        cdef size_t written = self.core().written_back()
+        done = []
+        for b in range(self.written, written):
+            for i in self.buckets[b]:
+                self.left[i] -= 1
+                if self.left[i] == 0:
+                    done.append(i)
+        self.written = written
+        return done
 
     cdef list launch_order(self):
         """The gradients of each bucket of the latest iteration, in the

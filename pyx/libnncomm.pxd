@@ -85,6 +85,7 @@ cdef extern from "nncomm/core/bucket_hook.hpp" namespace "nncomm" nogil:
         void* buffer
         size_t count
         DType dtype
+        int divisor
 
     cdef cppclass BucketHook:
         pass
@@ -122,6 +123,7 @@ cdef extern from "nncomm/core/engine.hpp" namespace "nncomm" nogil:
         vector[NonFiniteTensors] nonfinite()
         Launch launch(size_t plan, bool* decided)
         vector[size_t] launched()
+        size_t written_back()
 
 
 cdef extern from "nncomm/core/readiness.hpp" namespace "nncomm" nogil:

@@ -287,7 +287,9 @@ class DistributedSolver(SolverWrapper):
         for cb, (grads, _) in zip(callbacks, dense):
             cb._name_gradients([self._names.get(g) for g in grads])
         self._reduced_backward(loss, clear_buffer, function_post_hook,
-                               callbacks, kwargs)
+                               callbacks, kwargs,
+                               self._releaser(callbacks, dense) if owners
+                               else None)
         if self._predivide != 1:
             for grads, _ in dense:
                 for g in grads:
@@ -300,10 +302,24 @@ class DistributedSolver(SolverWrapper):
                                           for g in grads})
         self._reduced = True
 
+    def _releaser(self, callbacks, dense):
+        """A function hook releasing, as backward goes on, the gradients
+        this rank owns nothing of once `callbacks` have reduced them
+        (ZeRO stage 2: a rank's memory holds the other ranks' gradients
+        only until they are sent)."""
+        pairs = [(cb, grads) for cb, (grads, _) in zip(callbacks, dense)]
+
+        def release(f):
+            for cb, grads in pairs:
+                for i in cb._newly_written_back():
+                    self._solver.release_unowned((grads[i],))
+        return release
+
     @staticmethod
-    def _reduced_backward(loss, clear_buffer, hook, callbacks, kwargs):
+    def _reduced_backward(loss, clear_buffer, hook, callbacks, kwargs,
+                          after=None):
         """nnabla's backward with `callbacks` chained after the user's
-        `hook`. Each gradient goes out when its last writer has run; the
+        `hook`, and `after` after them. Each gradient goes out when its last writer has run; the
         reduction ends (engine finish, the gradients backward did not reach
         reduced with their values) when ``loss.backward`` returns, not at
         the last function the graph analysis expects, so functions run
@@ -315,7 +331,8 @@ class DistributedSolver(SolverWrapper):
             cb._end_when_backward_returns()
         try:
             loss.backward(clear_buffer=clear_buffer,
-                          function_post_hook=chain_hooks(hook, *callbacks),
+                          function_post_hook=chain_hooks(hook, *callbacks,
+                                                         after),
                           **kwargs)
             for cb in callbacks:
                 cb._backward_returned()

@@ -134,6 +134,7 @@ class ShardedSolver:
         self._pieces = []  # (parameter index, begin, end) this rank owns
         self._shards = {}  # shard name -> its Variable (views)
         self._ranges = []
+        self._unowned = set()  # gradients of parameters with no piece here
         self._send = self._recv = None  # the all-gather's buffers
         _live.add(self)
 
@@ -182,6 +183,9 @@ class ShardedSolver:
             shard.grad = v.grad.view((v.size,)).narrow(0, begin, end - begin)
             self._shards[_shard_name(name, begin, end)] = shard
         self._solver.set_parameters(self._shards)
+        owned = {i for i, _, _ in self._pieces}
+        self._unowned = {v.grad for i, (_, v) in enumerate(params)
+                         if i not in owned}
         longest = max(b - a for a, b in self._ranges)
         chunk = max(1, min(longest, _GATHER_ELEMENTS // self._ranks))
         dtype = dtypes.pop() if dtypes else np.float32
@@ -256,13 +260,12 @@ class ShardedSolver:
         loudly wrong.
 
         Args:
-            grads (set of :obj:`nnabla.NdArray`): Gradients reduced onto
-                their owners.
+            grads (iterable of :obj:`nnabla.NdArray`): Gradients reduced
+                onto their owners, and written back.
         """
-        owned = {i for i, _, _ in self._pieces}
-        for i, v in enumerate(self._params.values()):
-            if i not in owned and v.grad in grads:
-                v.grad.fill(np.nan)
+        for g in grads:
+            if g in self._unowned:
+                g.fill(np.nan)
 
     def zero_grad(self):
         """Zeroes the full gradients (every rank reduces all of them)."""

@@ -318,6 +318,17 @@ cdef class AllReduceCallback:
         if self.hook is not None:
             self.hook.names = self.names
 
+    def _newly_written_back(self):
+        """The gradients (indices into `data`) of the backward under way
+        on this thread whose buckets the engine has all reduced and written
+        back since the last call: nnabla's to use again. For
+        DistributedSolver(shard="gradients"), which releases those this
+        rank does not own while backward goes on."""
+        cdef _Backward bw = self.state.backward
+        if bw is None or bw.thread != threading.get_ident():
+            return []
+        return bw.plan.newly_written_back()
+
     def _backward_returned(self):
         """nnabla's backward returned: ends the backward of these gradients
         still open on this thread (engine finish; the unreached gradients,

@@ -51,6 +51,18 @@ Status BucketRunner::prepare(const std::vector<Bucket> &plan) {
   return memory_->reserve(std::max<size_t>(bytes, 1), &buffer_);
 }
 
+Status BucketRunner::direct_piece(const Bucket &bucket,
+                                  const TensorTable &tensors, bool zeros,
+                                  bool precise, bool check, void **piece) {
+  *piece = in_place(bucket, tensors, zeros, precise);
+  if (*piece != nullptr && check) {
+    NNCOMM_RETURN_IF_ERROR(
+        memory_->check_finite(*piece, bucket.count, bucket.dtype));
+    checked_.push_back(bucket.segments[0].tensor);
+  }
+  return Status::Ok();
+}
+
 Status BucketRunner::start(size_t index, const Bucket &bucket,
                            const TensorTable &tensors, float scale,
                            int divisor, bool zeros, bool check,
@@ -59,12 +71,10 @@ Status BucketRunner::start(size_t index, const Bucket &bucket,
   NNCOMM_RETURN_IF_ERROR(follow(index));
   const bool precise =
       transport_.scales_precisely(bucket.dtype, scale, divisor);
-  if (void *piece = in_place(bucket, tensors, zeros, precise)) {
-    if (check) {
-      NNCOMM_RETURN_IF_ERROR(
-          memory_->check_finite(piece, bucket.count, bucket.dtype));
-      checked_.push_back(bucket.segments[0].tensor);
-    }
+  void *piece = nullptr;
+  NNCOMM_RETURN_IF_ERROR(
+      direct_piece(bucket, tensors, zeros, precise, check, &piece));
+  if (piece != nullptr) {
     return transport_.start_allreduce(piece, bucket.count, bucket.dtype, scale,
                                       divisor, work);
   }
@@ -76,10 +86,20 @@ Status BucketRunner::start(size_t index, const Bucket &bucket,
 
 Status BucketRunner::stage(size_t index, const Bucket &bucket,
                            const TensorTable &tensors, float scale,
-                           int divisor, bool zeros, bool check,
-                           void **buffer) {
+                           int divisor, bool zeros, bool check, bool in_place,
+                           void **buffer, int *hook_divisor) {
   unpack_ = false;
+  *hook_divisor = 1;
   NNCOMM_RETURN_IF_ERROR(follow(index));
+  if (in_place && scale == 1.0f) {
+    // The hook divides as the transport's reduce does, in the dtype.
+    NNCOMM_RETURN_IF_ERROR(
+        direct_piece(bucket, tensors, zeros, true, check, buffer));
+    if (*buffer != nullptr) {
+      *hook_divisor = divisor;
+      return Status::Ok();
+    }
+  }
   const ScalingSplit s = split_scaling(*memory_, bucket.dtype, scale, divisor);
   if (s.reduce_scale != 1.0f || s.reduce_divisor != 1) {
     // The hook would have to scale: it is promised a plain sum.

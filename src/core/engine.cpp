@@ -398,6 +398,11 @@ Launch Engine::launch(size_t plan, bool *decided) {
   return plans_[plan]->tuner.next();
 }
 
+size_t Engine::written_back() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return next_;
+}
+
 std::vector<size_t> Engine::launched() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<size_t> order(next_);
@@ -412,13 +417,15 @@ Status Engine::reduce_bucket(size_t b, bool failed, Phase *reached) {
   const bool check = check_finite_ && !failed;
   WorkPtr work;
   void *staged = nullptr;
+  int hook_divisor = 1;
   {
     TimelineSpan span(Track::kEngine, "pack");
     trace_bucket(span, b);
     NNCOMM_RETURN_IF_ERROR(
         hook_ != nullptr
             ? runner_->stage(b, bucket, tensors, scale_, divisor_, failed,
-                             check, &staged)
+                             check, hook_->reduces_in_place(), &staged,
+                             &hook_divisor)
             : runner_->start(b, bucket, tensors, scale_, divisor_, failed,
                              check, &work));
   }
@@ -429,7 +436,8 @@ Status Engine::reduce_bucket(size_t b, bool failed, Phase *reached) {
     NNCOMM_RETURN_IF_ERROR(
         hook_ != nullptr
             ? hook_->reduce(HookedBucket{b, plan_->buckets.size(), &bucket,
-                                         staged, bucket.count, bucket.dtype},
+                                         staged, bucket.count, bucket.dtype,
+                                         hook_divisor},
                             *transport_, polling_)
             : wait_for(*work, transport_->rank() == 0, &polling_));
   }

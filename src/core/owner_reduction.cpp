@@ -80,30 +80,87 @@ OwnerReduction::OwnerReduction(std::vector<size_t> starts,
 
 Status OwnerReduction::reduce(const HookedBucket &bucket,
                               Transport &transport, const Polling &polling) {
-  if (bounds_.size() != static_cast<size_t>(transport.size()) + 1) {
+  const int ranks = transport.size();
+  const int me = transport.rank();
+  if (bounds_.size() != static_cast<size_t>(ranks) + 1) {
     return Status::InvalidArgument(
         "the sharded reduction has ranges for " +
         std::to_string(bounds_.size() - 1) + " ranks; the group has " +
-        std::to_string(transport.size()));
+        std::to_string(ranks));
   }
-  // Checked before any reduce: the same answer on every rank (one plan).
+  // Checked before any collective: the same answer on every rank (one plan).
   if (!is_floating(bucket.dtype)) {
     return Status::InvalidArgument(
         std::string("gradients sharded over their owners must be floating "
                     "point, not ") + dtype_name(bucket.dtype));
   }
   NNCOMM_RETURN_IF_ERROR(owner_runs(*bucket.bucket, starts_, bounds_, &runs_));
-  const size_t size = dtype_size(bucket.dtype);
+  const auto finish = [&](Status started, WorkPtr &work) {
+    NNCOMM_RETURN_IF_ERROR(started);
+    return wait_for(*work, me == 0, &polling);
+  };
+  const DType dt = bucket.dtype;
+  const size_t size = dtype_size(dt);
   char *buffer = static_cast<char *>(bucket.buffer);
+  // Rank k sums block k, [k * block, (k + 1) * block), of the bucket; the
+  // few elements past the last block are all-reduced. A reduce onto each
+  // run's owner would move no more bytes, but MPICH's took 7 times as long
+  // as an all-reduce of the same bucket, its reduce-scatter 0.64 times.
+  const size_t block = bucket.count / ranks;
+  const size_t blocks_end = block * ranks;
+  WorkPtr work;
+  if (block > 0) {
+    if (scratch_.size() < block * size)
+      scratch_.resize(block * size);
+    NNCOMM_RETURN_IF_ERROR(
+        finish(transport.start_reduce_scatter(buffer, scratch_.data(), block,
+                                              dt, bucket.divisor, &work),
+               work));
+  }
+  if (blocks_end < bucket.count) {
+    NNCOMM_RETURN_IF_ERROR(finish(
+        transport.start_allreduce(buffer + blocks_end * size,
+                                  bucket.count - blocks_end, dt, 1.0f,
+                                  bucket.divisor, &work),
+        work));
+  }
+  // Each run's owner collects its elements from the blocks' holders.
+  const std::vector<size_t> none(ranks, 0);
   for (const OwnerRun &run : runs_) {
-    char *piece = buffer + run.offset * size;
-    WorkPtr work;
-    NNCOMM_RETURN_IF_ERROR(transport.start_reduce(piece, run.count,
-                                                  bucket.dtype, run.owner, 1,
-                                                  &work));
-    NNCOMM_RETURN_IF_ERROR(wait_for(*work, transport.rank() == 0, &polling));
-    if (run.owner != transport.rank())
-      fill_nan(piece, run.count, bucket.dtype);
+    const size_t lo = run.offset;
+    const size_t hi = std::min(run.offset + run.count, blocks_end);
+    Blocks send{none, none}, recv{none, none};
+    bool others = false; // another rank holds some of the run
+    for (int k = 0; k < ranks; ++k) {
+      const size_t a = std::max(lo, k * block);
+      const size_t b = std::min(hi, (k + 1) * block);
+      if (a >= b)
+        continue;
+      others = others || k != run.owner;
+      if (k == me) {
+        send.counts[run.owner] = b - a;
+        send.offsets[run.owner] = a - k * block;
+      }
+      if (me == run.owner) {
+        recv.counts[k] = b - a;
+        recv.offsets[k] = a;
+      }
+    }
+    if (others) {
+      NNCOMM_RETURN_IF_ERROR(finish(
+          transport.start_alltoallv(scratch_.data(), send, buffer, recv, dt,
+                                    &work),
+          work));
+    } else if (me == run.owner && lo < hi) {
+      // All in this rank's own block: nothing travels.
+      std::memcpy(buffer + lo * size,
+                  scratch_.data() + (lo - me * block) * size,
+                  (hi - lo) * size);
+    }
+  }
+  for (const OwnerRun &run : runs_) {
+    if (run.owner != me)
+      fill_nan(buffer + run.offset * size, run.count, dt);
   }
   return Status::Ok();
 }

@@ -1196,7 +1196,7 @@ TEST(owner_runs_split_segments_at_the_owners_bounds) {
 
 TEST(engine_owner_reduction_sums_each_element_on_its_owner_alone) {
   std::mt19937_64 rng(23);
-  for (int c = 0; c < 9; ++c) {
+  for (int c = 0; c < 12; ++c) {
     const int size = 1 + c % 3;
     const Model model = random_model(rng, 30);
     std::vector<size_t> starts;
@@ -1215,6 +1215,8 @@ TEST(engine_owner_reduction_sums_each_element_on_its_owner_alone) {
     for (int r = 0; r < size; ++r)
       hooks.emplace_back(starts, bounds);
     const int divisor = size;
+    // Scaled by 1, direct buckets are reduced where they lie; else staged.
+    const float scale = c % 2 == 0 ? 1.0f : 0.5f;
     std::vector<Gradients> before;
     for (int r = 0; r < size; ++r)
       before.push_back(random_gradients(model, rng));
@@ -1222,7 +1224,7 @@ TEST(engine_owner_reduction_sums_each_element_on_its_owner_alone) {
     const uint64_t seed = rng();
     run_ranks(size, [&](int rank) {
       std::mt19937_64 marks(seed + rank);
-      CHECK_OK(engines[rank]->begin(0, 1.0f, divisor, false, &hooks[rank]));
+      CHECK_OK(engines[rank]->begin(0, scale, divisor, false, &hooks[rank]));
       mark_all(*engines[rank], model, after[rank], marks);
       CHECK_OK(engines[rank]->finish());
     });
@@ -1233,7 +1235,7 @@ TEST(engine_owner_reduction_sums_each_element_on_its_owner_alone) {
       for (int r = 0; r < size; ++r) {
         if (!after[r][t])
           continue;
-        const Array want = reduced(shares, wire_of(model, t), 1.0f, divisor,
+        const Array want = reduced(shares, wire_of(model, t), scale, divisor,
                                    after[r][t]->dtype());
         for (size_t i = 0; i < want.count(); ++i) {
           const size_t at = starts[t] + i;

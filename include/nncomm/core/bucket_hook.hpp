@@ -2,7 +2,8 @@
 // transport's all-reduce, as PyTorch DDP's communication hooks do
 // (register_comm_hook): the engine packs the bucket as it always does,
 // hands the packed buffer to the hook, and unpacks what the hook leaves
-// there. The Python hooks of all_reduce_callback, gradient_reducer and
+// there; a hook that reduces in place may be handed a direct bucket where it
+// lies instead (the gradient's own memory), and divides it itself. The Python hooks of all_reduce_callback, gradient_reducer and
 // DistributedSolver are one (pyx/bucket_hooks.pxi).
 #pragma once
 
@@ -24,13 +25,16 @@ struct HookedBucket {
   void *buffer;         // `count` elements of `dtype`: this rank's, scaled
   size_t count;
   DType dtype;
+  // What the hook divides the sum by: 1 where the engine divides as it
+  // unpacks; the iteration's divisor for a bucket handed over in place.
+  int divisor;
 };
 
 class BucketHook {
 public:
   virtual ~BucketHook() = default;
-  // Leaves in `bucket.buffer` the sum over the ranks of their buffers (the
-  // engine divides while unpacking), communicating on `transport` alone,
+  // Leaves in `bucket.buffer` the sum over the ranks of their buffers,
+  // divided by `bucket.divisor`, communicating on `transport` alone,
   // waiting as `polling` says. Called on the engine's thread for every
   // bucket on every rank, in the same order (with zeros where this rank
   // failed). A failure must be every rank's: the engine then sends nothing
@@ -38,6 +42,9 @@ public:
   // call went before it returns.
   virtual Status reduce(const HookedBucket &bucket, Transport &transport,
                         const Polling &polling) = 0;
+  // Whether direct buckets may be handed over where they lie, to be
+  // reduced there and divided by HookedBucket::divisor.
+  virtual bool reduces_in_place() const { return false; }
 };
 
 } // namespace nncomm

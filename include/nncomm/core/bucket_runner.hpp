@@ -61,11 +61,15 @@ public:
                float scale, int divisor, bool zeros, bool check,
                WorkPtr *work);
   // As start(), for a bucket hook (bucket_hook.hpp) to reduce instead of
-  // the transport: always packs it into the staging buffer, `*buffer`,
-  // times `scale`, and finish() divides it by `divisor` as it unpacks.
+  // the transport: packs it into the staging buffer, `*buffer`, times
+  // `scale`, and finish() divides it by `divisor` as it unpacks
+  // (`*hook_divisor` 1). With `in_place` (the hook reduces where the
+  // bucket lies), a direct bucket that start() would reduce in place, with
+  // `scale` 1, is handed over as it lies instead, the hook to divide it by
+  // `*hook_divisor` (`divisor`), and finish() writes nothing back.
   Status stage(size_t index, const Bucket &bucket, const TensorTable &tensors,
                float scale, int divisor, bool zeros, bool check,
-               void **buffer);
+               bool in_place, void **buffer, int *hook_divisor);
   // Writes the bucket started last back into its tensors, once its work
   // has completed.
   virtual Status finish();
@@ -85,6 +89,10 @@ protected:
   virtual Status follow(size_t index) { return Status::Ok(); }
 
 private:
+  // Where `bucket` is reduced in place (checked first, with `check`), or
+  // nullptr where it is staged: see in_place() in bucket_runner.cpp.
+  Status direct_piece(const Bucket &bucket, const TensorTable &tensors,
+                      bool zeros, bool precise, bool check, void **piece);
   // Packs `bucket` into buffer_ for finish() to unpack, scaling as `s`.
   Status pack(const Bucket &bucket, const TensorTable &tensors,
               const ScalingSplit &s, bool zeros, bool check);

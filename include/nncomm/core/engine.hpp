@@ -136,6 +136,10 @@ public:
   Launch launch(size_t plan, bool *decided);
   // The buckets of the latest iteration that went out, in that order.
   std::vector<size_t> launched();
+  // How many buckets of the latest iteration are reduced and written back:
+  // the plan's first ones (its order is the launch order). In host memory
+  // their tensors are the framework's again.
+  size_t written_back();
 
 private:
   // A plan added, with what the engine keeps of it.

@@ -2,10 +2,11 @@
 // BucketHook (bucket_hook.hpp). The reduced tensors lie end to end in one
 // element space in which each rank owns one contiguous range
 // (python/nncomm/sharded_state.py); a rank updates only the elements it
-// owns, so each element of a bucket is summed onto its owner alone: one
-// reduce per run of the bucket that one rank owns. Elements a rank does
-// not own are left NaN there, so that a gradient read where it was not
-// reduced is loudly wrong, never plausibly so.
+// owns, so each element of a bucket is summed onto its owner alone: the
+// bucket is reduce-scattered in equal blocks, then each run of it that one
+// rank owns is collected by that rank from the blocks' holders. Elements a
+// rank does not own are left NaN there, so that a gradient read where it
+// was not reduced is loudly wrong, never plausibly so.
 #pragma once
 
 #include <cstddef>
@@ -34,15 +35,18 @@ Status owner_runs(const Bucket &bucket, const std::vector<size_t> &starts,
 class OwnerReduction : public BucketHook {
 public:
   OwnerReduction(std::vector<size_t> starts, std::vector<size_t> bounds);
-  // Sums each run onto its owner (the engine divides while unpacking);
-  // the other ranks' copies of the run become NaN.
+  // Leaves each run's sum on its owner, divided by `bucket.divisor`; the
+  // other ranks' copies of the run become NaN.
   Status reduce(const HookedBucket &bucket, Transport &transport,
                 const Polling &polling) override;
+  // Direct buckets are reduced where they lie: no staging copies.
+  bool reduces_in_place() const override { return true; }
 
 private:
   const std::vector<size_t> starts_;
   const std::vector<size_t> bounds_;
   std::vector<OwnerRun> runs_; // reused from bucket to bucket
+  std::vector<char> scratch_;  // this rank's block of a bucket, reused
 };
 
 } // namespace nncomm
