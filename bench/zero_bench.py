@@ -24,6 +24,12 @@ For each rank count:
   all-reduced during it, as the alternative the design had to weigh.
   Median seconds per step on world rank 0 and the ratios to ``none``.
 
+With ``--primitives``, only the MPI calls stage 2 could reduce a bucket
+with are timed instead (mpi4py, a 4 MiB float32 bucket, 20 times each, in
+turn): a reduce onto each rank in turn (a bucket of one owner), the
+reduce-scatter in equal blocks, and the all-reduce; ratios to the
+all-reduce.
+
 With ``--link``, only the time job runs, its ranks talking over a shaped
 link (``RATE``, default 10gbit): ``--link emulated``, 2 ranks through
 bench/run_emulated_link.sh's loopback (every byte over the link);
@@ -135,6 +141,41 @@ def state_bytes(solver):
                for v in st.pstate.values())
 
 
+def primitives():
+    """Seconds of the MPI calls per bucket, on every rank; printed by rank
+    0 as ratios to the all-reduce."""
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    n = 1 << 20
+    a = np.ones(n, np.float32)
+    out = np.empty(n // world.size, np.float32)
+
+    def reduce_onto_owner(root):
+        if world.rank == root:
+            world.Ireduce(MPI.IN_PLACE, a, op=MPI.SUM, root=root).Wait()
+        else:
+            world.Ireduce(a, None, op=MPI.SUM, root=root).Wait()
+    calls = {
+        "Iallreduce": lambda r: world.Iallreduce(MPI.IN_PLACE, a,
+                                                 op=MPI.SUM).Wait(),
+        "Ireduce onto one rank": reduce_onto_owner,
+        "Ireduce_scatter_block": lambda r: world.Ireduce_scatter_block(
+            a, out, op=MPI.SUM).Wait()}
+    seconds = {}
+    for name, call in calls.items():
+        call(0)
+        world.Barrier()
+        start = time.perf_counter()
+        for i in range(20):
+            call(i % world.size)
+        world.Barrier()
+        seconds[name] = time.perf_counter() - start
+    if world.rank == 0:
+        for name, s in seconds.items():
+            print(f"  {name:22s} {s / 20 * 1e3:7.2f} ms  ratio "
+                  f"{s / seconds['Iallreduce']:.2f}", flush=True)
+
+
 def worker(args):
     import nnabla as nn
     import nnabla.solvers as S
@@ -230,9 +271,21 @@ def main():
     parser.add_argument("--link", choices=["emulated", "two-hosts"],
                         help="time over a shaped link (see above)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--primitives", action="store_true",
+                        help="time the MPI calls a bucket could use")
     args = parser.parse_args()
+    if args.worker == "primitives":
+        return primitives()
     if args.worker:
         return worker(args)
+    if args.primitives:
+        for n in args.ranks:
+            print(f"== {n} ranks, 4 MiB float32 bucket", flush=True)
+            subprocess.run([os.path.join(os.path.dirname(sys.executable),
+                                         "mpiexec"), "-n", str(n),
+                            sys.executable, os.path.abspath(__file__),
+                            "--worker", "primitives"], check=True)
+        return
     for n in args.ranks:
         if args.link:
             times(n, args)

@@ -104,8 +104,9 @@ Status OwnerReduction::reduce(const HookedBucket &bucket,
   char *buffer = static_cast<char *>(bucket.buffer);
   // Rank k sums block k, [k * block, (k + 1) * block), of the bucket; the
   // few elements past the last block are all-reduced. A reduce onto each
-  // run's owner would move no more bytes, but MPICH's took 7 times as long
-  // as an all-reduce of the same bucket, its reduce-scatter 0.64 times.
+  // run's owner would move no more bytes, but MPICH's took 2.7 times as
+  // long as its all-reduce of a 4 MiB bucket on 2 and 4 ranks, its
+  // reduce-scatter 0.2 times (bench/zero_bench.py --primitives).
   const size_t block = bucket.count / ranks;
   const size_t blocks_end = block * ranks;
   WorkPtr work;
