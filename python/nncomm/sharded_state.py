@@ -4,9 +4,9 @@ contiguous range of the parameters' elements, so that the solver's state
 (Adam's moments, momenta) exists once over the group instead of once per
 rank, and the ranks then all-gather the updated parameters. With sharded
 gradients as well (ZeRO stage 2), each element of the callback's buckets
-is summed onto its owner alone during backward (:class:`OwnerReducing`),
-and the gradients of parameters a rank owns nothing of are released once
-backward returns.
+is summed onto its owner alone during backward
+(``nncomm._nncomm.OwnerReducing``), and the gradients of parameters a rank
+owns nothing of are released once their buckets are written back.
 
 The parameters, flattened in registration order, form one element space of
 T elements; group rank r of N owns ``[r*T//N, (r+1)*T//N)``
@@ -243,7 +243,7 @@ class ShardedSolver:
                 parameters, in a callback's order.
 
         Returns:
-            :class:`OwnerReducing`
+            ``nncomm._nncomm.OwnerReducing``
         """
         starts = {}
         at = 0
