@@ -17,6 +17,7 @@ from libpack cimport (PackSegment, PackTable, build_pack_table, pack_host,
 
 import atexit
 import collections
+import contextlib
 import hashlib
 import math
 import operator

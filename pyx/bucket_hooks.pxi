@@ -29,6 +29,24 @@ reduced list, its parameter's `name` (None where unknown), its whole
 split over several."""
 
 
+class DeviceBuffer:
+    """A GPU bucket's flat buffer, in device memory: what
+    ``cupy.asarray(buffer)`` or ``torch.as_tensor(buffer, device="cuda")``
+    read through ``__cuda_array_interface__``, whose ``stream`` is the
+    bucket's (:attr:`GradBucket.stream`). Valid during the hook's call
+    only."""
+
+    def __init__(self, address, count, dtype, stream):
+        self.shape = (count,)
+        self.size = count
+        self.dtype = dtype
+        # The interface's stream 0 is not allowed: 1 is the legacy default.
+        self.__cuda_array_interface__ = {
+            "shape": self.shape, "typestr": dtype.str,
+            "data": (address, False), "version": 3, "strides": None,
+            "stream": stream or 1}
+
+
 class HookAborted(RuntimeError):
     """Raised by a GradBucket's collective when another rank's hook raised
     or made another call: the hook should let it propagate."""
@@ -49,6 +67,13 @@ cdef class GradBucket:
     during the call only. The hook runs on the engine's thread while
     backward goes on, holding the GIL; it communicates only through the
     collectives below, which every rank must call in the same order.
+
+    For gradients on a CUDA device, ``buffer`` is a :class:`DeviceBuffer`
+    in device memory (:attr:`on_device`), packed on :attr:`stream`: the
+    hook reduces it in place (returning None or it), its device work
+    enqueued on that stream, which the collectives below follow and the
+    writing back comes after. Where CuPy is installed, the stream and
+    device are CuPy's current ones during the call.
     """
     cdef _HookCaller caller
     cdef const HookedBucket* hooked
@@ -89,17 +114,40 @@ cdef class GradBucket:
         """str: the name of the group reduced over."""
         return self.caller.group_name
 
+    @property
+    def on_device(self):
+        """bool: whether the bucket is in a CUDA device's memory."""
+        self._check_open()
+        return self.hooked.stream != NULL
+
+    @property
+    def stream(self):
+        """int: the CUDA stream (a ``cudaStream_t``) the bucket is packed
+        and unpacked on, which the hook's device work must follow; 0 for
+        a host bucket."""
+        self._check_open()
+        return <uintptr_t>self.hooked.stream
+
+    @property
+    def device(self):
+        """int: the bucket's CUDA device; -1 for a host bucket."""
+        self._check_open()
+        return self.hooked.device
+
     def all_reduce(self, array, division=False, wire_dtype=None):
         """Sums the contiguous numpy `array` over the group's ranks, in
         place, on the engine's transport.
 
         Args:
             array (array): A numpy array: float16, float32 or float64,
-                C-contiguous.
+                C-contiguous; on a GPU bucket, an array of the bucket's
+                device with ``__cuda_array_interface__`` (the buffer, a
+                CuPy array).
             division (bool): Divide the sum by the group's size.
             wire_dtype (str): Send it in ``'float16'`` or ``'bfloat16'``,
                 converted as ``wire_dtype=`` of
-                :meth:`Communicator.all_reduce_callback` converts buckets.
+                :meth:`Communicator.all_reduce_callback` converts buckets;
+                host buckets only.
 
         Returns:
             array: `array`, reduced.
@@ -108,11 +156,18 @@ cdef class GradBucket:
             RuntimeError: another rank's hook raised or made another call
                 (``HookAborted``: let it propagate).
             ValueError: an array nncomm cannot reduce.
+            NotImplementedError: `wire_dtype` on a GPU bucket.
         """
-        code = self._code_of(array)
+        cdef ArrayRef ref = self._array_of(array)
+        code = <int>ref.dtype
         wire = code if wire_dtype is None else _wire_code(None, wire_dtype)
-        cdef size_t count = array.size
-        cdef void* data = <void*><uintptr_t>array.ctypes.data
+        if wire != code and self.hooked.stream != NULL:
+            raise NotImplementedError(
+                "a GPU bucket's all_reduce sends an array in its own dtype; "
+                "convert it on the device first (with CuPy: "
+                "nncomm.hooks.fp16_compress)")
+        cdef size_t count = ref.count
+        cdef void* data = ref.ptr
         self._round(("all_reduce", count, code, wire,
                      1 if division else 0))
         cdef int divisor = self.transport.size() if division else 1
@@ -133,39 +188,56 @@ cdef class GradBucket:
         self._check(unpack_host(table, message, <DType>wire, 1.0, divisor))
         return array
 
-    def all_gather(self, array):
-        """Every rank's contiguous numpy `array`, on the engine's
-        transport.
+    def all_gather(self, array, out=None):
+        """Every rank's contiguous `array`, on the engine's transport.
 
         Args:
             array (array): A numpy array: float16, float32 or float64,
-                C-contiguous, of the same shape on every rank.
+                C-contiguous, of the same shape on every rank; on a GPU
+                bucket, an array of its device with
+                ``__cuda_array_interface__``.
+            out (array): Where to gather, ``size`` times `array`'s
+                elements of its dtype, contiguous (of the same kind as
+                `array`); needed on a GPU bucket, made otherwise.
 
         Returns:
-            array: shape ``(size,) + array.shape``; row r is rank r's.
+            array: `out`, or a new numpy array of shape
+            ``(size,) + array.shape``; row r is rank r's.
 
         Raises:
             RuntimeError: another rank's hook raised or made another call
                 (``HookAborted``: let it propagate).
-            ValueError: an array nncomm cannot gather.
+            ValueError: an array nncomm cannot gather, or an `out` of
+                another size or dtype, or none on a GPU bucket.
         """
-        code = self._code_of(array)
-        cdef size_t count = array.size
-        self._round(("all_gather", array.shape, code))
-        gathered = np.empty((self.transport.size(),) + array.shape,
-                            array.dtype)
-        cdef const void* send = <void*><uintptr_t>array.ctypes.data
-        cdef void* recv = <void*><uintptr_t>gathered.ctypes.data
+        cdef ArrayRef ref = self._array_of(array)
+        cdef size_t count = ref.count
+        cdef int size = self.transport.size()
+        if out is None and self.hooked.stream != NULL:
+            raise ValueError("a GPU bucket's all_gather needs out=, an "
+                             "array of its device")
+        if out is None:
+            out = np.empty((size,) + array.shape, array.dtype)
+        cdef ArrayRef into = self._array_of(out)
+        if into.dtype != ref.dtype or into.count != count * size:
+            raise ValueError(
+                f"all_gather's out must hold {size} x {count} elements of "
+                f"the array's dtype, not {into.count} of dtype code "
+                f"{<int>into.dtype}")
+        self._round(("all_gather", count, <int>ref.dtype))
+        cdef const void* send = ref.ptr
+        cdef void* recv = into.ptr
+        cdef DType code = ref.dtype
         cdef unique_ptr[Work] work
         cdef Status status
         with nogil:
-            status = self.transport.start_allgather(send, recv, count,
-                                                    <DType>code, &work)
+            status = self.transport.start_allgather(send, recv, count, code,
+                                                    &work)
             if status.ok():
                 status = wait_for(deref(work), self.transport.rank() == 0,
                                   self.polling)
         self._check(status)
-        return gathered
+        return out
 
     cdef int _check_open(self) except -1:
         if self.hooked == NULL:
@@ -173,24 +245,49 @@ cdef class GradBucket:
                                "of its hook")
         return 0
 
-    cdef int _code_of(self, array) except -1:
+    cdef ArrayRef _array_of(self, array) except *:
+        """Where `array` is, its elements and dtype: a float numpy array on
+        a host bucket, a GPU array on a GPU bucket."""
         self._check_open()
-        if not isinstance(array, np.ndarray) or \
-                not array.flags.c_contiguous or array.dtype.kind != "f" or \
-                array.dtype not in _DTYPE_CODES:
-            raise ValueError(
-                f"a bucket's collectives take C-contiguous float16, float32 "
-                f"or float64 numpy arrays, not {_describe_result(array)}")
+        cdef ArrayRef ref
+        if self.hooked.stream != NULL:
+            if not is_gpu_array(array):
+                raise ValueError(
+                    f"a GPU bucket's collectives take arrays of its device "
+                    f"(with __cuda_array_interface__), not "
+                    f"{_describe_result(array)}")
+            ref = collect_gpu([array], "array", None).refs[0]
+            if <int>ref.dtype not in (<int>DType.kFloat16,
+                                      <int>DType.kFloat32,
+                                      <int>DType.kFloat64):
+                raise ValueError(f"a bucket's collectives take float16, "
+                                 f"float32 or float64 arrays, not dtype "
+                                 f"code {<int>ref.dtype}")
+        else:
+            if not isinstance(array, np.ndarray) or \
+                    not array.flags.c_contiguous or \
+                    array.dtype.kind != "f" or array.dtype not in _DTYPE_CODES:
+                raise ValueError(
+                    f"a bucket's collectives take C-contiguous float16, "
+                    f"float32 or float64 numpy arrays, not "
+                    f"{_describe_result(array)}")
+            ref.ptr = <void*><uintptr_t>array.ctypes.data
+            ref.count = array.size
+            ref.dtype = <DType><int>_DTYPE_CODES[array.dtype]
         if self.aborted is not None:
             raise HookAborted(self.aborted)
-        return _DTYPE_CODES[array.dtype]
+        return ref
 
     cdef Status _allreduce(self, void* data, size_t count, DType dt,
-                           int divisor):
+                           int divisor, bint on_host=False):
+        """Sums `data` on the engine's transport, or with `on_host` on its
+        host transport (the rounds' headers, in host memory whatever the
+        bucket's is)."""
         cdef Status status
+        cdef Transport* t = &self.transport.host() if on_host \
+            else self.transport
         with nogil:
-            status = self.transport.allreduce(data, count, dt, 1.0, divisor,
-                                              self.polling)
+            status = t.allreduce(data, count, dt, 1.0, divisor, self.polling)
         return status
 
     cdef int _check(self, Status status) except -1:
@@ -219,7 +316,7 @@ cdef class GradBucket:
             header[_ABORTED] = self.aborted is not None
             header[_RAISED + self.transport.rank()] = raised
         self._check(self._allreduce(<void*><uintptr_t>header.ctypes.data,
-                                    header.size, DType.kInt64, 1))
+                                    header.size, DType.kInt64, 1, True))
         if signature is not None and not (header[_AT] == size and
                                           header[_SIGNATURE] == size * s and
                                           header[_SQUARE] == size * s * s):
@@ -347,11 +444,23 @@ cdef Status _call_hook(void* owner, const HookedBucket& hooked,
             raise TypeError("bfloat16 buckets have no numpy dtype; use "
                             "wire_dtype='bfloat16' of the bucket's "
                             "all_reduce instead")
-        view = np.asarray(<char[:max(nbytes, 1)]><char*>hooked.buffer)
-        bucket.buffer = view[:nbytes].view(
-            _NUMPY_OF_CODE[<int>hooked.dtype])
+        dtype = _NUMPY_OF_CODE[<int>hooked.dtype]
+        if hooked.stream != NULL:
+            bucket.buffer = DeviceBuffer(<uintptr_t>hooked.buffer,
+                                         hooked.count, np.dtype(dtype),
+                                         <uintptr_t>hooked.stream)
+        else:
+            view = np.asarray(<char[:max(nbytes, 1)]><char*>hooked.buffer)
+            bucket.buffer = view[:nbytes].view(dtype)
         bucket.gradients = caller.gradients_of(hooked)
-        result = caller.hook(bucket)
+        with _current_stream(hooked):
+            result = caller.hook(bucket)
+        if result is not None and result is not bucket.buffer and \
+                hooked.stream != NULL:
+            raise ValueError(
+                f"{where} returned {_describe_result(result)}; a GPU "
+                f"bucket's hook reduces bucket.buffer in place and returns "
+                f"None or it")
         if result is not None and result is not bucket.buffer:
             if not isinstance(result, np.ndarray) or \
                     result.shape != bucket.buffer.shape or \
@@ -396,6 +505,21 @@ cdef Status _call_hook(void* owner, const HookedBucket& hooked,
 cdef dict _NUMPY_OF_CODE = {code: dt for dt, code in _DTYPE_CODES.items()}
 
 
+cdef object _current_stream(const HookedBucket& hooked):
+    """For a GPU bucket where CuPy is installed, the context that makes the
+    bucket's device and stream CuPy's current ones; otherwise none."""
+    if hooked.stream == NULL:
+        return contextlib.nullcontext()
+    try:
+        import cupy
+    except ImportError:
+        return contextlib.nullcontext()
+    both = contextlib.ExitStack()
+    both.enter_context(cupy.cuda.Device(hooked.device))
+    both.enter_context(cupy.cuda.ExternalStream(<uintptr_t>hooked.stream))
+    return both
+
+
 cdef _HookCaller hook_caller(hook, _Group group, str group_name, list data,
                              list names, bint on_device):
     """The caller of `hook` (None: no hook) for an engine reducing `data`
@@ -409,10 +533,6 @@ cdef _HookCaller hook_caller(hook, _Group group, str group_name, list data,
         raise NotImplementedError(
             "DistributedSolver(shard='gradients') reduces buckets in host "
             "memory; on a CUDA device use shard='state'")
-    if on_device:
-        raise NotImplementedError(
-            "bucket hooks reduce buckets in host memory; gradients on a "
-            "CUDA device are reduced without one")
     cdef _HookCaller caller = _HookCaller.__new__(_HookCaller)
     caller.hook = hook
     caller.group_name = group_name

@@ -900,8 +900,9 @@ cdef class Communicator:
                 ``bf16_compress``, ``PowerSGD``). A hook that raises, returns
                 another shape or dtype, or makes other collectives than
                 the other ranks' ends the reduction on every rank with
-                :class:`nncomm.BucketHookError`. Buckets in host memory
-                only.
+                :class:`nncomm.BucketHookError`. On a CUDA device the
+                buffer is device memory (:class:`nncomm.DeviceBuffer`),
+                reduced in place on the bucket's stream.
 
         Returns:
             callable: An nnabla ``CommunicatorBackwardCallback``, also

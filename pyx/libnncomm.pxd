@@ -86,6 +86,8 @@ cdef extern from "nncomm/core/bucket_hook.hpp" namespace "nncomm" nogil:
         size_t count
         DType dtype
         int divisor
+        void* stream
+        int device
 
     cdef cppclass BucketHook:
         pass

@@ -1,16 +1,31 @@
 """Built-in bucket hooks (``hook=`` of ``all_reduce_callback``,
 ``gradient_reducer`` and :class:`nncomm.DistributedSolver`): the 16-bit wire
 dtypes, and PowerSGD (Vogels et al., NeurIPS 2019), as PyTorch DDP's
-``ddp_comm_hooks`` give them. Import them from :mod:`nncomm.hooks`."""
+``ddp_comm_hooks`` give them. Import them from :mod:`nncomm.hooks`.
+On GPU buckets they work on the device through CuPy."""
 import numpy as np
 
 F32 = np.float32
 
 
+def _array_module(bucket, what):
+    """numpy for a host bucket; CuPy for a GPU bucket, whose buffer hooks
+    compute on with it."""
+    if not bucket.on_device:
+        return np
+    try:
+        import cupy
+    except ImportError:
+        raise RuntimeError(f"nncomm.hooks.{what} on a GPU bucket computes "
+                           f"with CuPy, which is not installed") from None
+    return cupy
+
+
 def fp16_compress(bucket):
     """Sends the bucket in float16: half the bytes of float32, as
     ``wire_dtype='float16'`` does (the same conversion), for a reduction
-    that otherwise has a hook's place.
+    that otherwise has a hook's place. On a GPU bucket, converted on the
+    device with CuPy.
 
     Args:
         bucket (:obj:`nncomm.GradBucket`): The bucket.
@@ -22,16 +37,29 @@ def fp16_compress(bucket):
         cb = comm.all_reduce_callback(grads, 2 << 20, division=True,
                                       hook=nncomm.hooks.fp16_compress)
     """
-    bucket.all_reduce(bucket.buffer, wire_dtype="float16")
+    xp = _array_module(bucket, "fp16_compress")
+    if xp is np:
+        bucket.all_reduce(bucket.buffer, wire_dtype="float16")
+        return
+    flat = xp.asarray(bucket.buffer)
+    half = flat.astype(xp.float16)
+    bucket.all_reduce(half)
+    flat[...] = half
 
 
 def bf16_compress(bucket):
     """Sends the bucket in bfloat16: half the bytes of float32 with its
-    range, as ``wire_dtype='bfloat16'`` does.
+    range, as ``wire_dtype='bfloat16'`` does. Host buckets only (CuPy has
+    no bfloat16; ``wire_dtype='bfloat16'`` needs no hook).
 
     Args:
         bucket (:obj:`nncomm.GradBucket`): The bucket.
     """
+    if bucket.on_device:
+        raise NotImplementedError(
+            "nncomm.hooks.bf16_compress converts on the host; on a GPU "
+            "bucket give the reduction wire_dtype='bfloat16' instead of a "
+            "hook")
     bucket.all_reduce(bucket.buffer, wire_dtype="bfloat16")
 
 
@@ -62,12 +90,14 @@ def _rows(g):
 
 class _BucketState:
     """What PowerSGD keeps of one bucket: its matrices, the elements sent
-    densely, and the residual of error feedback (None without it)."""
+    densely, the residual of error feedback (None without it), and the
+    array module they are arrays of (numpy, or CuPy on a device)."""
 
-    def __init__(self, matrices, dense, residual):
+    def __init__(self, matrices, dense, residual, xp):
         self.matrices = matrices
         self.dense = dense  # indices into the flat buffer
         self.residual = residual
+        self.xp = xp
 
 
 class PowerSGD:
@@ -87,7 +117,8 @@ class PowerSGD:
     random (the same seed on every rank) and, with `warm_start`, starts
     the next iteration from this one's (one power iteration per step then
     refines the same subspace). Before `start_iter` every bucket is summed
-    densely, as without a hook.
+    densely, as without a hook. On GPU buckets it computes on the device
+    with CuPy (Q drawn on the host from the same seed).
 
     Its state (Q and the residual per bucket) is allocated at a bucket's
     first compressed iteration and reused; one hook object serves one
@@ -169,11 +200,15 @@ class PowerSGD:
             self._buckets[key] = kept
         elif not self.warm_start:
             for m in kept.matrices:
-                m.q[...] = self._rng.standard_normal(m.q.shape)
+                m.q[...] = kept.xp.asarray(self._draw(m.q.shape, m.q.dtype))
         return kept
 
+    def _draw(self, shape, dtype):
+        return self._rng.standard_normal(shape).astype(dtype)
+
     def _new_state(self, bucket):
-        dtype = bucket.buffer.dtype
+        xp = _array_module(bucket, "PowerSGD")
+        dtype = np.dtype(bucket.buffer.dtype)
         matrices = []
         dense = []
         for g in bucket.gradients:
@@ -181,25 +216,26 @@ class PowerSGD:
             r = min(self.rank, n, m)
             end = begin + n * m
             if r and n * m >= self.min_compression_rate * (n + m) * r:
-                q = self._rng.standard_normal((m, r)).astype(dtype)
+                q = xp.asarray(self._draw((m, r), dtype))
                 matrices.append(_Matrix(begin, n, m, q))
                 dense += [np.arange(g.offset, begin),
                           np.arange(end, g.offset + g.count)]
             else:
                 dense.append(np.arange(g.offset, g.offset + g.count))
         dense = np.concatenate(dense) if dense else np.zeros(0, np.int64)
-        residual = np.zeros_like(bucket.buffer) if self.error_feedback \
-            else None
-        return _BucketState(matrices, dense, residual)
+        residual = xp.zeros(bucket.buffer.shape, dtype) \
+            if self.error_feedback else None
+        return _BucketState(matrices, xp.asarray(dense), residual, xp)
 
     def _compress(self, bucket, kept):
-        flat = bucket.buffer
+        xp = kept.xp
+        flat = xp.asarray(bucket.buffer)
         if kept.residual is not None:
             flat += kept.residual
         views = [flat[x.offset:x.offset + x.n * x.m].reshape(x.n, x.m)
                  for x in kept.matrices]
         # The dense elements and every P in one message.
-        message = np.empty(kept.dense.size + sum(x.n * x.q.shape[1]
+        message = xp.empty(kept.dense.size + sum(x.n * x.q.shape[1]
                                                  for x in kept.matrices),
                            flat.dtype)
         message[:kept.dense.size] = flat[kept.dense]
@@ -207,21 +243,21 @@ class PowerSGD:
         at = kept.dense.size
         for x, view in zip(kept.matrices, views):
             p = message[at:at + x.n * x.q.shape[1]].reshape(x.n, -1)
-            np.matmul(view, x.q, out=p)
+            xp.matmul(view, x.q, out=p)
             ps.append(p)
             at += p.size
         bucket.all_reduce(message)
         flat[kept.dense] = message[:kept.dense.size]
         if not kept.matrices:
             return
-        qs = np.empty(sum(x.q.size for x in kept.matrices), flat.dtype)
+        qs = xp.empty(sum(x.q.size for x in kept.matrices), flat.dtype)
         at = 0
         for x, view, p in zip(kept.matrices, views, ps):
             # numpy's QR has no float16.
-            p[...] = np.linalg.qr(p.astype(np.promote_types(p.dtype, F32),
+            p[...] = xp.linalg.qr(p.astype(np.promote_types(p.dtype, F32),
                                            copy=False))[0]
             q = qs[at:at + x.q.size].reshape(x.q.shape)
-            np.matmul(view.T, p, out=q)
+            xp.matmul(view.T, p, out=q)
             at += q.size
         bucket.all_reduce(qs)
         at = 0
@@ -233,6 +269,6 @@ class PowerSGD:
                 # where the residual lives: no temporary of M's size.
                 region = kept.residual[x.offset:x.offset + x.n * x.m]
                 region = region.reshape(x.n, x.m)
-                np.matmul(p / bucket.size, x.q.T, out=region)
-                np.subtract(view, region, out=region)
-            np.matmul(p, x.q.T, out=view)
+                xp.matmul(p / bucket.size, x.q.T, out=region)
+                xp.subtract(view, region, out=region)
+            xp.matmul(p, x.q.T, out=view)

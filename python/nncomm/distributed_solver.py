@@ -319,9 +319,10 @@ class DistributedSolver(SolverWrapper):
     def _reduced_backward(loss, clear_buffer, hook, callbacks, kwargs,
                           after=None):
         """nnabla's backward with `callbacks` chained after the user's
-        `hook`, and `after` after them. Each gradient goes out when its last writer has run; the
-        reduction ends (engine finish, the gradients backward did not reach
-        reduced with their values) when ``loss.backward`` returns, not at
+        `hook`, and `after` after them. Each gradient goes out when its
+        last writer has run; the reduction ends (engine finish, the
+        gradients backward did not reach reduced with their values) when
+        ``loss.backward`` returns, not at
         the last function the graph analysis expects, so functions run
         after it, or expected ones that never ran, leave no gradient
         unreduced. A backward that raises is closed at once on this rank,

@@ -437,7 +437,8 @@ Status Engine::reduce_bucket(size_t b, bool failed, Phase *reached) {
         hook_ != nullptr
             ? hook_->reduce(HookedBucket{b, plan_->buckets.size(), &bucket,
                                          staged, bucket.count, bucket.dtype,
-                                         hook_divisor},
+                                         hook_divisor, runner_->stream(),
+                                         runner_->device()},
                             *transport_, polling_)
             : wait_for(*work, transport_->rank() == 0, &polling_));
   }

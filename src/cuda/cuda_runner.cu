@@ -60,4 +60,9 @@ Status CudaRunner::follow(size_t index) {
 
 Status CudaRunner::close() { return transport_.lead(compute_); }
 
+// DeviceArrays packs and unpacks on the transport's stream.
+void *CudaRunner::stream() const { return transport_.stream(); }
+
+int CudaRunner::device() const { return transport_.device(); }
+
 } // namespace nncomm

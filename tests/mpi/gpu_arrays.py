@@ -68,6 +68,82 @@ class HostDescribed:
             "strides": strides, "stream": stream}
 
 
+def device_hooks(comm, xp):
+    """Bucket hooks on GPU buckets: the buffer is device memory on the
+    bucket's stream; a hook reducing it through the bucket's collectives
+    gives what the reducer gives without one, and gathers; a hook that
+    misuses a GPU bucket raises BucketHookError on every rank; the
+    built-in hooks compute with CuPy (refused without it)."""
+    rng = np.random.default_rng(RANK + 7)
+    rows = [3, 40, 200]
+    values = [rng.integers(-8, 8, (r, 16)).astype(np.float32) for r in rows]
+    everyone = world.allgather(values)
+    means = [sum(e[k] for e in everyone) / np.float32(SIZE)
+             for k in range(len(rows))]
+    mine = xp.asarray(np.full(4, RANK, np.float32))
+    gathered = xp.asarray(np.zeros((SIZE, 4), np.float32))
+    xp.asnumpy(gathered)  # both written before the engine reads them
+    seen = []
+
+    def hook(bucket):
+        seen.append((bucket.on_device, bucket.stream != 0,
+                     type(bucket.buffer).__name__))
+        if bucket.index == 0:
+            bucket.all_gather(mine, out=gathered)
+        bucket.all_reduce(bucket.buffer)
+
+    def reduced(hook):
+        grads = [xp.asarray(v) for v in values]
+        reducer = comm.gradient_reducer(grads, 700, division=True,
+                                        hook=hook)
+        with reducer:
+            for k in reversed(range(len(rows))):
+                reducer.ready(k)
+        return [xp.asnumpy(g) for g in grads]
+
+    for k, g in enumerate(reduced(hook)):
+        check(np.array_equal(g, means[k]), f"a GPU bucket's hook [{k}]")
+    check(seen and all(s == (True, True, "DeviceBuffer") for s in seen),
+          f"GPU buckets as the hook saw them: {seen}")
+    check(np.array_equal(xp.asnumpy(gathered), np.repeat(
+        np.arange(SIZE, dtype=np.float32), 4).reshape(SIZE, 4)),
+        "a GPU bucket's all_gather")
+    for bad, words in (
+            (lambda b: np.zeros(b.buffer.size, np.float32),
+             "returns None or it"),
+            (lambda b: b.all_reduce(np.zeros(3, np.float32)),
+             "arrays of its device"),
+            (lambda b: b.all_reduce(b.buffer, wire_dtype="float16"),
+             "in its own dtype"),
+            (lambda b: b.all_gather(b.buffer), "needs out="),
+            (nncomm.hooks.bf16_compress, "wire_dtype='bfloat16'")):
+        raises(nncomm.BucketHookError, words, lambda: reduced(bad),
+               f"a GPU bucket's hook: {words}")
+    # ZeRO stage 2's reduction onto owners is a host hook.
+    owners = nncomm._nncomm.OwnerReducing([0, 48, 688], [0, 688 * SIZE])
+    raises(NotImplementedError, "shard='state'",
+           lambda: comm.gradient_reducer([xp.asarray(v) for v in values],
+                                         700, hook=owners),
+           "shard='gradients' on GPU gradients")
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        for builtin in (nncomm.hooks.fp16_compress,
+                        nncomm.hooks.PowerSGD(start_iter=0)):
+            raises(nncomm.BucketHookError, "computes with CuPy",
+                   lambda: reduced(builtin), f"{builtin!r} without CuPy")
+        return
+    # Small integers: float16 sums and the division exact.
+    for k, g in enumerate(reduced(nncomm.hooks.fp16_compress)):
+        check(np.array_equal(g, means[k]), f"fp16_compress on a GPU [{k}]")
+    powersgd = nncomm.hooks.PowerSGD(rank=2, start_iter=0)
+    for _ in range(3):
+        got = reduced(powersgd)
+        check(all(np.isfinite(g).all() for g in got), "PowerSGD on a GPU")
+    check(type(powersgd.state(0)[0][0]).__module__.startswith("cupy"),
+          "PowerSGD's state on a GPU is CuPy's")
+
+
 def collectives(xp, new_arrays):
     """Every collective on the device arrays of `xp` (CuPy, or FakeCupy)
     against numpy, alltoall and all_gather of sizes that differ between
@@ -207,6 +283,12 @@ if MODE == "refused":
     raises(TypeError, "GPU array",
            lambda: comm.alltoall(rows, np.zeros(4, np.float32)),
            "alltoall of GPU arrays into host memory")
+    # ZeRO stage 2's reduction onto owners is a host hook.
+    owners = nncomm._nncomm.OwnerReducing([0, 48, 688], [0, 688 * SIZE])
+    raises(NotImplementedError, "shard='state'",
+           lambda: comm.gradient_reducer([xp.asarray(v) for v in values],
+                                         700, hook=owners),
+           "shard='gradients' on GPU gradients")
     try:
         import cupy  # noqa: F401
     except ImportError:
@@ -276,6 +358,7 @@ elif MODE == "cupy":
                           f"gradient_reducer stream={stream.ptr} "
                           f"iteration {it} [{k}]")
             stream.synchronize()
+    device_hooks(comm, cp)
 
 elif MODE == "one_rank_refused":
     # Only rank 0 passes an array on the other fake device: it raises, and
@@ -351,11 +434,7 @@ else:  # MODE == "emulated"
     for k, g in enumerate(grads):
         mean = sum(e[k] for e in everyone) / np.float32(SIZE)
         check(np.array_equal(xp.asnumpy(g), mean), f"float16 wire [{k}]")
-    # Bucket hooks take host buffers: refused on device gradients, before
-    # any rank communicates.
-    raises(NotImplementedError, "host memory",
-           lambda: comm.gradient_reducer(grads, 700, hook=lambda b: None),
-           "a bucket hook on GPU gradients")
+    device_hooks(comm, xp)
 
     # float64, which the CUDA packer does not move: the transport scales
     # and divides it, fused (300) or in place (140000: over 1 MiB). Sums of

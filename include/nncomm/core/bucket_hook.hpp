@@ -28,6 +28,12 @@ struct HookedBucket {
   // What the hook divides the sum by: 1 where the engine divides as it
   // unpacks; the iteration's divisor for a bucket handed over in place.
   int divisor;
+  // Where `buffer` is device memory: the CUDA stream its packing was
+  // enqueued on, which the hook's device work and collectives follow and
+  // the unpacking after it, and the CUDA device; nullptr and -1 for host
+  // memory.
+  void *stream;
+  int device;
 };
 
 class BucketHook {

@@ -82,6 +82,12 @@ public:
   // Every bucket of the iteration is reduced and written back: makes the
   // framework's later work see them. Called on the framework's thread.
   virtual Status close() { return Status::Ok(); }
+  // The CUDA stream (a cudaStream_t) the staging buffer's packing and
+  // unpacking are enqueued on, in order with the transport's work; nullptr
+  // where the staging buffer is host memory.
+  virtual void *stream() const { return nullptr; }
+  // The CUDA device of the staging buffer; -1 for host memory.
+  virtual int device() const { return -1; }
 
 protected:
   // What start() reads of bucket `index` from here on must be what the

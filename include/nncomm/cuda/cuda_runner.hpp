@@ -29,6 +29,8 @@ public:
   Status prepare(const std::vector<Bucket> &plan) override;
   Status ready(size_t index) override;
   Status close() override;
+  void *stream() const override;
+  int device() const override;
 
 protected:
   Status follow(size_t index) override;
