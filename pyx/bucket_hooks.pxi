@@ -73,7 +73,8 @@ cdef class GradBucket:
     hook reduces it in place (returning None or it), its device work
     enqueued on that stream, which the collectives below follow and the
     writing back comes after. Where CuPy is installed, the stream and
-    device are CuPy's current ones during the call.
+    device are CuPy's current ones during the call. An array written on
+    another stream must be synchronized before a collective reads it.
     """
     cdef _HookCaller caller
     cdef const HookedBucket* hooked
@@ -441,9 +442,12 @@ cdef Status _call_hook(void* owner, const HookedBucket& hooked,
     raised = None
     try:
         if hooked.dtype == DType.kBFloat16:
-            raise TypeError("bfloat16 buckets have no numpy dtype; use "
-                            "wire_dtype='bfloat16' of the bucket's "
-                            "all_reduce instead")
+            raise TypeError(
+                "bfloat16 buckets have no numpy or CuPy dtype; give the "
+                "reduction wire_dtype='bfloat16' without a hook" +
+                ("" if hooked.stream != NULL else ", or send float32 "
+                 "buckets with the bucket's all_reduce(wire_dtype="
+                 "'bfloat16')"))
         dtype = _NUMPY_OF_CODE[<int>hooked.dtype]
         if hooked.stream != NULL:
             bucket.buffer = DeviceBuffer(<uintptr_t>hooked.buffer,

@@ -94,13 +94,16 @@ class DistributedSolver(SolverWrapper):
             ``load_states`` write and read checkpoints that any number
             of ranks can load (:func:`nncomm.consolidate_states` makes an
             ordinary solver's state of one). ``"gradients"``: ZeRO stage
-            2, as ``"state"``, but each element of the gradients is summed
-            during backward onto the rank that owns it alone (a reduce per
-            bucket and owner in place of the all-reduce), and once backward
-            returns the gradients of parameters this rank owns nothing of
-            are released (until the next backward writes them). A rank's
-            gradients are then reduced only where it owns them, and NaN
-            elsewhere. Not with a `hook`, nor on a CUDA device.
+            2, as ``"state"``, but each element of the callback's buckets
+            is summed during backward onto the rank that owns it alone (a
+            reduce-scatter per bucket, each owner collecting its elements
+            from the blocks' holders, in place of the all-reduce), and the
+            gradients of parameters this rank owns nothing of are released
+            as their buckets are written back (until the next backward
+            writes them). A rank's bucketed gradients are then reduced only
+            where it owns them, and NaN elsewhere (those backward did not
+            reach, and embedding tables reduced sparsely, in full). Not
+            with a `hook`, nor on a CUDA device.
         hook (callable): A bucket hook that reduces each bucket in place of
             nncomm's all-reduce (:meth:`Communicator.all_reduce_callback`'s
             `hook`), e.g. ``nncomm.hooks.PowerSGD(rank=2)``; not with
@@ -291,9 +294,12 @@ class DistributedSolver(SolverWrapper):
                                self._releaser(callbacks, dense) if owners
                                else None)
         if self._predivide != 1:
+            # Not the released: that would allocate them again.
+            released = self._solver.unowned if owners else frozenset()
             for grads, _ in dense:
                 for g in grads:
-                    g *= self._predivide
+                    if g not in released:
+                        g *= self._predivide
         for name, rows in tables.items():
             sparse_all_reduce(self._comm, self._params[name].grad, rows,
                               division, self._group)

@@ -253,6 +253,12 @@ class ShardedSolver:
         bounds = [a for a, _ in self._ranges] + [at]
         return OwnerReducing([starts[g] for g in grads], bounds)
 
+    @property
+    def unowned(self):
+        """frozenset: the gradients of the parameters this rank owns no
+        element of."""
+        return frozenset(self._unowned)
+
     def release_unowned(self, grads):
         """Releases the memory of those of `grads` that this rank owns no
         element of, as ZeRO stage 2 frees them: each becomes NaN, lazily

@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "nncomm/host/elementwise.hpp"
+
 namespace nncomm {
 
 namespace {
@@ -107,6 +109,10 @@ Status OwnerReduction::reduce(const HookedBucket &bucket,
   // run's owner would move no more bytes, but MPICH's took 2.7 times as
   // long as its all-reduce of a 4 MiB bucket on 2 and 4 ranks, its
   // reduce-scatter 0.2 times (bench/zero_bench.py --primitives).
+  // Sums only: each owner divides its own runs at the end, by its own
+  // divisor (a rank whose copy of a direct bucket is staged, in another
+  // dtype, has the engine divide as it unpacks; one reducing it in place
+  // divides here), whoever held their block.
   const size_t block = bucket.count / ranks;
   const size_t blocks_end = block * ranks;
   WorkPtr work;
@@ -115,15 +121,15 @@ Status OwnerReduction::reduce(const HookedBucket &bucket,
       scratch_.resize(block * size);
     NNCOMM_RETURN_IF_ERROR(
         finish(transport.start_reduce_scatter(buffer, scratch_.data(), block,
-                                              dt, bucket.divisor, &work),
+                                              dt, 1, &work),
                work));
   }
   if (blocks_end < bucket.count) {
-    NNCOMM_RETURN_IF_ERROR(finish(
-        transport.start_allreduce(buffer + blocks_end * size,
-                                  bucket.count - blocks_end, dt, 1.0f,
-                                  bucket.divisor, &work),
-        work));
+    NNCOMM_RETURN_IF_ERROR(
+        finish(transport.start_allreduce(buffer + blocks_end * size,
+                                         bucket.count - blocks_end, dt, 1.0f,
+                                         1, &work),
+               work));
   }
   // Each run's owner collects its elements from the blocks' holders.
   const std::vector<size_t> none(ranks, 0);
@@ -160,8 +166,11 @@ Status OwnerReduction::reduce(const HookedBucket &bucket,
     }
   }
   for (const OwnerRun &run : runs_) {
+    char *piece = buffer + run.offset * size;
     if (run.owner != me)
-      fill_nan(buffer + run.offset * size, run.count, dt);
+      fill_nan(piece, run.count, dt);
+    else if (bucket.divisor != 1)
+      convert_scaled(piece, dt, piece, dt, run.count, 1.0f, bucket.divisor);
   }
   return Status::Ok();
 }

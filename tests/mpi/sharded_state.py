@@ -11,8 +11,9 @@ bit-identical parameters after every step; clip_grad_by_norm sums a
 straddling parameter's norm over ranks, so it is checked against a numpy
 reference of nnabla's per-parameter clipping, within float32 rounding, as
 are the parameters. Then: fp16 compression, backward_passes_per_step,
-groups and check_finite with sharding; a sub-group; the solver-state
-bytes per rank (1/N); the check_*_grad methods finding a NaN on one rank
+groups, check_finite and a predivide factor with sharding; a sub-group;
+the solver-state bytes per rank (1/N); the check_*_grad methods finding a
+NaN on one rank
 on every rank; the digits MLP for 50 Adam steps; and bad input raising
 ValueError or NotImplementedError on every rank, before any communication
 or on every rank at once. Stage 2 reduces each element onto its owner
@@ -451,6 +452,8 @@ def main():
                    compression=nncomm.Compression.fp16)
         same_steps(ck, comm, "adam two passes", lambda: S.Adam(1e-2),
                    backward_passes_per_step=2)
+        same_steps(ck, comm, "adam predivided", lambda: S.Adam(1e-2),
+                   gradient_predivide_factor=4)
         same_steps(ck, comm, "adam groups checked", lambda: S.Adam(1e-2),
                    groups=2, check_finite=True)
         same_steps(ck, comm, "adam reversed group", lambda: S.Adam(1e-2),
