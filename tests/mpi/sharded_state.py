@@ -3,24 +3,23 @@ ZeRO stage 2 (with ``--shard=gradients``): steps as the unsharded
 DistributedSolver does.
 
 `steps` (the default): on every rank, two copies of the 6-9-8-2 tanh MLP
-(161 elements: at 3 ranks the ranges are 53, 54, 54 elements and
-parameters straddle them) from the same start, one under the unsharded
+(161 elements: at 3 ranks the ranges are 53, 54, 54 elements and parameters
+straddle them) from the same start, one under the unsharded
 DistributedSolver, one sharded, trained on the same batches. Elementwise
 solvers (SGD, Momentum, Adam, with weight_decay and scale_grad) must give
 bit-identical parameters after every step; clip_grad_by_norm sums a
 straddling parameter's norm over ranks, so it is checked against a numpy
 reference of nnabla's per-parameter clipping, within float32 rounding, as
 are the parameters. Then: fp16 compression, backward_passes_per_step,
-groups, check_finite and a predivide factor with sharding; a sub-group;
-the solver-state bytes per rank (1/N); the check_*_grad methods finding a
-NaN on one rank
-on every rank; the digits MLP for 50 Adam steps; and bad input raising
-ValueError or NotImplementedError on every rank, before any communication
-or on every rank at once. Stage 2 reduces each element onto its owner
-alone, in another order than the all-reduce's: its parameters are compared
-within float32 rounding where more than 2 ranks sum; after backward, each
-rank's gradients equal the unsharded all-reduce's where it owns them and are
-NaN elsewhere.
+groups, check_finite and a predivide factor with sharding; a sub-group; the
+solver-state bytes per rank (1/N); the check_*_grad methods finding a NaN
+on one rank on every rank; the digits MLP for 50 Adam steps; and bad input
+raising ValueError or NotImplementedError on every rank, before any
+communication or on every rank at once. Stage 2 reduces each element onto
+its owner alone, in another order than the all-reduce's: its parameters are
+compared within float32 rounding where more than 2 ranks sum; after
+backward, each rank's gradients equal the unsharded all-reduce's where it
+owns them and are NaN elsewhere.
 
 `save DIR`: 3 sharded Adam steps, then save_states(DIR) and the
 parameters. `load DIR`: loads them at another rank count, checks the state
