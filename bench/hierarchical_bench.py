@@ -21,11 +21,10 @@ the rounds), with two-level over flat, each also over raw of its own job.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
-from two_hosts import TWO_HOSTS, link_bytes
+from two_hosts import TWO_HOSTS, job_results, link_bytes
 
 
 def measure(sizes_mb, iters):
@@ -75,15 +74,10 @@ def job(placement, setting, sizes_mb, iters):
     env = dict(os.environ, NNCOMM_HIERARCHICAL=setting, PLACEMENT=placement,
                MPIEXEC=os.path.join(os.path.dirname(sys.executable),
                                     "mpiexec"))
-    out = subprocess.run(
+    return job_results(
         [TWO_HOSTS, sys.executable, os.path.abspath(__file__), "--job",
          "--iters", str(iters), "--sizes-mb", *map(str, sizes_mb)],
-        capture_output=True, text=True, env=env, timeout=600)
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULTS "):
-            return json.loads(line[len("RESULTS "):])
-    raise RuntimeError(f"the job under NNCOMM_HIERARCHICAL={setting} "
-                       f"failed:\n{out.stdout}\n{out.stderr}")
+        env, 600, f"the job under NNCOMM_HIERARCHICAL={setting}")
 
 
 def main():

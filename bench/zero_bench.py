@@ -48,7 +48,7 @@ import time
 
 import numpy as np
 
-from two_hosts import TWO_HOSTS, link_bytes
+from two_hosts import TWO_HOSTS, job_results, link_bytes
 
 EMULATED_LINK = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                              "run_emulated_link.sh")
@@ -252,13 +252,7 @@ def launch(ranks, worker, args):
         env.update(BENCH=os.path.abspath(__file__))
     else:
         cmd = [mpiexec, "-n", str(ranks)] + cmd
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                         timeout=900)
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULTS "):
-            return json.loads(line[len("RESULTS "):])
-    raise RuntimeError(f"{worker} on {ranks} ranks failed:\n{out.stdout}\n"
-                       f"{out.stderr}")
+    return job_results(cmd, env, 900, f"{worker} on {ranks} ranks")
 
 
 def main():

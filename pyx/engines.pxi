@@ -55,8 +55,11 @@ cdef class _Plan:
     cdef vector[int] codes  # per gradient: its dtype code when planned
     cdef bint converted  # a gradient came in another dtype than planned
     cdef _HookCaller hook  # the latest iteration's bucket hook, or None
-    cdef list left  # per gradient, its buckets not written back yet
-    cdef size_t written  # buckets written back, as last seen
+    # Per gradient, its buckets not written back yet, and the buckets
+    # written back as last seen: newly_written_back()'s, made at its first
+    # call in an iteration.
+    cdef list left
+    cdef size_t written
 
     cdef str mark_ndarray(self, Py_ssize_t i, x, NnablaContext context,
                           str when, str planned):
@@ -86,11 +89,7 @@ cdef class _Plan:
         gradient is checked for NaN and infinity before it leaves; with
         `hook`, the hook reduces every bucket."""
         self.hook = hook
-        self.written = 0
-        self.left = [0] * self.sizes.size()
-        for tensors in self.buckets:
-            for i in tensors:
-                self.left[i] += 1
+        self.left = None
         return CHKSTATUS(self.core().begin(
             self.id, scale, divisor, check_finite,
             <BucketHook*>NULL if hook is None else hook.begin()))
@@ -114,6 +113,12 @@ cdef class _Plan:
         """The gradients whose last bucket the engine has written back
         since the last call in this iteration."""
         cdef size_t written = self.core().written_back()
+        if self.left is None:
+            self.written = 0
+            self.left = [0] * self.sizes.size()
+            for tensors in self.buckets:
+                for i in tensors:
+                    self.left[i] += 1
         done = []
         for b in range(self.written, written):
             for i in self.buckets[b]:

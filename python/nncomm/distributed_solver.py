@@ -328,10 +328,9 @@ class DistributedSolver(SolverWrapper):
         `hook`, and `after` after them. Each gradient goes out when its
         last writer has run; the reduction ends (engine finish, the
         gradients backward did not reach reduced with their values) when
-        ``loss.backward`` returns, not at
-        the last function the graph analysis expects, so functions run
-        after it, or expected ones that never ran, leave no gradient
-        unreduced. A backward that raises is closed at once on this rank,
+        ``loss.backward`` returns, not at the last function the graph
+        analysis expects, so functions run after it, or expected ones that
+        never ran, leave no gradient unreduced. A backward that raises is closed at once on this rank,
         as chain_hooks does when a hook raises, so that the other ranks
         raise instead of waiting for it."""
         for cb in callbacks:

@@ -135,6 +135,8 @@ class ShardedSolver:
         self._shards = {}  # shard name -> its Variable (views)
         self._ranges = []
         self._unowned = set()  # gradients of parameters with no piece here
+        self._starts = {}  # gradient -> where it begins in the element space
+        self._bounds = []  # each rank's first element, then the total
         self._send = self._recv = None  # the all-gather's buffers
         _live.add(self)
 
@@ -186,6 +188,9 @@ class ShardedSolver:
         owned = {i for i, _, _ in self._pieces}
         self._unowned = {v.grad for i, (_, v) in enumerate(params)
                          if i not in owned}
+        offsets = np.cumsum([0] + sizes).tolist()
+        self._starts = {v.grad: o for (_, v), o in zip(params, offsets)}
+        self._bounds = [a for a, _ in self._ranges] + [offsets[-1]]
         longest = max(b - a for a, b in self._ranges)
         chunk = max(1, min(longest, _GATHER_ELEMENTS // self._ranks))
         dtype = dtypes.pop() if dtypes else np.float32
@@ -245,13 +250,7 @@ class ShardedSolver:
         Returns:
             ``nncomm._nncomm.OwnerReducing``
         """
-        starts = {}
-        at = 0
-        for v in self._params.values():
-            starts[v.grad] = at
-            at += v.size
-        bounds = [a for a, _ in self._ranges] + [at]
-        return OwnerReducing([starts[g] for g in grads], bounds)
+        return OwnerReducing([self._starts[g] for g in grads], self._bounds)
 
     @property
     def unowned(self):

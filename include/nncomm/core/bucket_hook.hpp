@@ -2,8 +2,9 @@
 // transport's all-reduce, as PyTorch DDP's communication hooks do
 // (register_comm_hook): the engine packs the bucket as it always does,
 // hands the packed buffer to the hook, and unpacks what the hook leaves
-// there; a hook that reduces in place may be handed a direct bucket where it
-// lies instead (the gradient's own memory), and divides it itself. The Python hooks of all_reduce_callback, gradient_reducer and
+// there; a hook that reduces in place may be handed a direct bucket where
+// it lies instead (the gradient's own memory), and divides it itself. The
+// Python hooks of all_reduce_callback, gradient_reducer and
 // DistributedSolver are one (pyx/bucket_hooks.pxi).
 #pragma once
 
