@@ -1,11 +1,13 @@
 """The engine on one GPU: overlap of gradient reduction with a backward, and
-the host-staged transport against doing its steps by hand.
+the transport's all-reduce against host staging done by hand.
 
 Needs an NVIDIA GPU, CuPy, mpi4py and nncomm built with nvcc; nnabla is not
-needed. Two ranks share the GPU, so the host-staged MPI transport runs
-(NCCL refuses two ranks on one device). From the repository root:
+needed. Two ranks share the GPU (NCCL refuses two ranks on one device), so
+the host-staged MPI transport runs, or CUDA IPC (``NNCOMM_GPU_TRANSPORT=ipc``,
+what ``auto`` chooses there). From the repository root:
 
     NNCOMM_GPU_TRANSPORT=mpi mpiexec -n 2 python3 bench/gpu_engine_bench.py
+    NNCOMM_GPU_TRANSPORT=ipc mpiexec -n 2 python3 bench/gpu_engine_bench.py
 
 Two measurements, each against its baseline in the same run, taking turns
 iteration by iteration so that noise hits both alike; figures are medians
@@ -19,7 +21,7 @@ backward's compute takes about as long as the all-reduce of the gradients
 (the case where overlap matters most), unless ``--gemms`` is given.
 
 - ``compute``: the backward alone;
-- ``comm``: ``comm.all_reduce(grads)`` alone (fused, host-staged);
+- ``comm``: ``comm.all_reduce(grads)`` alone (fused);
 - ``serial``: the backward, then ``all_reduce``: the no-overlap baseline;
 - ``engine``: the backward with ``gradient_reducer``: each gradient made
   ready as its work is enqueued, ``finish()`` at the end.

@@ -4,10 +4,12 @@ against DistributedDataParallel over gloo.
 
 Needs an NVIDIA GPU, PyTorch with torchvision, mpi4py and nncomm built
 with nvcc; nnabla is not needed (CuPy, where present, only describes the
-GPU). Two ranks share the GPU, so the host-staged MPI transport runs (NCCL
-refuses two ranks on one device). From the repository root:
+GPU). Two ranks share the GPU (NCCL refuses two ranks on one device), so
+the host-staged MPI transport runs, or CUDA IPC (``NNCOMM_GPU_TRANSPORT=ipc``,
+what ``auto`` chooses there). From the repository root:
 
     NNCOMM_GPU_TRANSPORT=mpi mpiexec -n 2 python3 bench/gpu_torch_bench.py
+    NNCOMM_GPU_TRANSPORT=ipc mpiexec -n 2 python3 bench/gpu_torch_bench.py
 
 Each rank runs torchvision's ResNet-50 (random weights, the same on every
 rank; 161 gradients, 25.6 M float32 values) on ``--batch`` (32) random
@@ -18,7 +20,7 @@ are medians of ``--iters`` iterations after ``--warmup``:
 - ``forward``: the forward alone (autograd recording, no backward);
 - ``compute``: forward and backward, no reduction;
 - ``comm``: ``comm.all_reduce(grads, division=True)`` alone (the fused
-  list all-reduce of every gradient, host-staged);
+  list all-reduce of every gradient);
 - ``serial``: forward and backward, then that all-reduce;
 - ``nncomm``: forward and backward with ``gradient_reducer``: ``begin()``
   before, ``ready(i)`` from parameter i's post-accumulate-grad hook (on

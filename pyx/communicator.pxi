@@ -145,7 +145,8 @@ cdef class Communicator:
 
     @property
     def transport(self):
-        """str: How the world group communicates device memory: ``'nccl'``
+        """str: How the world group communicates device memory: ``'nccl'``,
+        ``'ipc'`` (CUDA IPC: ranks of one GPU reading each other's memory)
         or ``'mpi'`` (through pinned host memory), as
         ``NNCOMM_GPU_TRANSPORT`` and the ranks' GPUs decided at its first
         collective on GPU arrays; ``'mpi'`` before that, as for host

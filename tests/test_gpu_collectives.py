@@ -1,7 +1,7 @@
 """Every collective on CuPy arrays, against numpy, and gradient_reducer with
 a CuPy "backward" against a plain all_reduce, bitwise: NCCL on 1 rank, and
-the host-staged MPI transport on 2 ranks sharing the GPU (NCCL refuses
-them).
+on 2 and 3 ranks sharing the GPU (NCCL refuses them) the host-staged MPI
+transport and CUDA IPC.
 Needs a CUDA GPU, CuPy and a build with nvcc; skipped otherwise (the same
 paths run on emulated devices in test_gpu_path_emulated.py)."""
 import pytest
@@ -19,7 +19,8 @@ if _DEVICES == 0:
     pytest.skip("no CUDA device", allow_module_level=True)
 
 
-@pytest.mark.parametrize("n,transport", [(1, "nccl"), (2, "mpi")])
+@pytest.mark.parametrize("n,transport", [(1, "nccl"), (2, "mpi"), (2, "ipc"),
+                                         (3, "ipc")])
 def test_collectives_on_cupy_arrays(n, transport):
     out = run_worker("gpu_arrays", n, ["cupy"],
                      env={"NNCOMM_GPU_TRANSPORT": transport})

@@ -2,8 +2,10 @@
 memory of the CPU-side CUDA runtime (tests/cuda_emulation/fake_cudart.cpp),
 whose streams run work late and in random legal orders:
 
-- the host-staged transport and the NCCL transport (on a fake NCCL whose
-  collectives run as MPI ones when their turn on the stream comes): every
+- the host-staged transport, the CUDA IPC transport (the ranks' processes
+  map each other's fake device memory) and the NCCL transport (on a fake
+  NCCL whose collectives run as MPI ones when their turn on the stream
+  comes): every
   collective against a reference, with inputs still being written on the
   compute stream when it starts and results read there after it, then the
   list collectives on device memory (fused messages packed by the CUDA
@@ -38,6 +40,7 @@ EMULATION = "tests/cuda_emulation/"
 # What both programs link: the transports, the waits and the fake runtime.
 COMMON = [EMULATION + "fake_cudart.cpp", EMULATION + "fake_nccl.cpp",
           "src/transports/cuda_staged_transport.cu",
+          "src/transports/cuda_ipc_transport.cu",
           "src/transports/cuda_device_transport.cu",
           "src/transports/cuda_nccl_transport.cu",
           "src/transports/nccl_api.cpp", "src/transports/mpi_transport.cpp",
@@ -131,6 +134,16 @@ def test_staged_collectives_on_emulated_devices(transports_over_mpi, ranks,
         dict(LISTS, NNCOMM_CHUNK_BYTES="65536"))
 
 
+# Ranks mapping each other's fake device memory; chunks of 4 KiB, so the
+# larger arrays go through both slots many times (a slot rewritten before
+# every rank's reads of it completed shows up as wrong data).
+@pytest.mark.parametrize("ranks,seed", [(2, 1), (3, 2), (4, 3)])
+def test_ipc_collectives_on_emulated_devices(transports_over_mpi, ranks,
+                                             seed):
+    run(transports_over_mpi, ranks, [seed, "ipc"],
+        dict(LISTS, NNCOMM_IPC_CHUNK_BYTES="4096"))
+
+
 # Powers of two: NCCL folds the scale and the division into one factor,
 # exact for these only.
 @pytest.mark.parametrize("ranks,seed", [(2, 1), (4, 2)])
@@ -146,6 +159,7 @@ def test_nccl_collectives_on_emulated_devices(transports_over_mpi, ranks,
     (2, "auto", False, "mpi"),   # no NCCL to load
     (2, "mpi", True, "mpi"),
     (2, "nccl", True, "nccl"),
+    (3, "ipc", True, "ipc"),
 ])
 def test_device_path_chooses_its_transport(transports_over_mpi, fake_libnccl,
                                            ranks, setting, library, chosen):

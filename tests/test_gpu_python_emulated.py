@@ -5,8 +5,9 @@ arrays in the fake's device memory (tests/mpi/fake_device.py) on 1-4 ranks
 over real MPI, against numpy: every collective, gradient_reducer against
 all_reduce bitwise, the wire dtypes, float64 and arrays on the wrong
 device. The fake runs device work late in random legal orders, so a
-missing stream order gives wrong values. The host-staged transport is the
-one that runs (no NCCL is loaded here); NCCL's host logic is tested by
+missing stream order gives wrong values. The host-staged transport and
+CUDA IPC (the ranks mapping each other's fake device memory) run here (no
+NCCL is loaded); NCCL's host logic is tested by
 test_gpu_path_emulated.py."""
 import glob
 import os
@@ -45,11 +46,13 @@ def fake_cuda_package(tmp_path_factory):
     return str(lib)
 
 
-@pytest.mark.parametrize("n", RANK_COUNTS)
-def test_collectives_and_engine_through_python(fake_cuda_package, n):
+@pytest.mark.parametrize("n,transport", [(n, "mpi") for n in RANK_COUNTS]
+                         + [(2, "ipc"), (3, "ipc")])
+def test_collectives_and_engine_through_python(fake_cuda_package, n,
+                                               transport):
     out = run_worker("gpu_arrays", n, ["emulated"], timeout=600, env={
         "PYTHONPATH": os.pathsep.join([fake_cuda_package, WORKERS]),
-        "NNCOMM_GPU_TRANSPORT": "mpi"})
+        "NNCOMM_GPU_TRANSPORT": transport})
     assert f"checks passed on {n} ranks" in out
 
 

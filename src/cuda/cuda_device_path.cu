@@ -13,6 +13,7 @@
 #include "nncomm/observability/config.hpp"
 #include "nncomm/cuda/cuda_devices.hpp"
 #include "nncomm/cuda/cuda_runner.hpp"
+#include "nncomm/transports/ipc_transport.hpp"
 #include "nncomm/transports/staged_transport.hpp"
 #include "nncomm/cuda/device_arrays.hpp"
 #include "nncomm/core/fingerprint.hpp"
@@ -61,19 +62,23 @@ std::string sharing_advice(const std::vector<int64_t> &all, int rank,
     return "";
   return "group ranks " + rank_list(here) + " on this host use " +
          std::to_string(used.size()) + " of its " + std::to_string(visible) +
-         " GPUs, so ranks sharing one communicate through host memory (no "
-         "NCCL); give each rank its own, as nnabla's examples do with "
-         "ctx.device_id = str(comm.local_rank)";
+         " GPUs, so ranks sharing one cannot use NCCL (they communicate "
+         "through CUDA IPC or host memory); give each rank its own, as "
+         "nnabla's examples do with ctx.device_id = str(comm.local_rank)";
 }
 
 } // namespace
 
 namespace {
 
+// The transports a path can be made of.
+enum class Kind { kNccl, kIpc, kStaged };
+
 class CudaDevicePath final : public DevicePath {
 public:
-  CudaDevicePath(const NcclApi *nccl, int device, std::string advice)
-      : nccl_(nccl), device_(device), advice_(std::move(advice)) {}
+  CudaDevicePath(Kind kind, const NcclApi *nccl, int device,
+                 std::string advice)
+      : kind_(kind), nccl_(nccl), device_(device), advice_(std::move(advice)) {}
 
   // The rest of Open(): the path's transport over `host` and its packer.
   Status start(std::unique_ptr<MpiTransport> host) {
@@ -84,7 +89,12 @@ public:
   }
 
   const char *transport_name() const override {
-    return nccl_ != nullptr ? "nccl" : "mpi";
+    switch (kind_) {
+    case Kind::kNccl: return "nccl";
+    case Kind::kIpc: return "ipc";
+    case Kind::kStaged: break;
+    }
+    return "mpi";
   }
   const std::string &advice() const override { return advice_; }
   int device() const override { return device_; }
@@ -139,20 +149,28 @@ private:
     // before waiting for it (fail_together): this one's failure too.
     if (!entered.ok())
       return fail_together(*host, entered, "setting up GPU communication");
-    if (nccl_ != nullptr) {
+    if (kind_ == Kind::kNccl) {
       std::unique_ptr<NcclTransport> t;
       NNCOMM_RETURN_IF_ERROR(
           NcclTransport::Create(*nccl_, std::move(host), &t));
       *out = std::move(t);
       return Status::Ok();
     }
-    std::unique_ptr<StagedTransport> t;
-    NNCOMM_RETURN_IF_ERROR(StagedTransport::Create(std::move(host), &t));
+    std::unique_ptr<StagedTransport> staged;
+    NNCOMM_RETURN_IF_ERROR(
+        StagedTransport::Create(std::move(host), &staged));
+    if (kind_ == Kind::kStaged) {
+      *out = std::move(staged);
+      return Status::Ok();
+    }
+    std::unique_ptr<IpcTransport> t;
+    NNCOMM_RETURN_IF_ERROR(IpcTransport::Create(std::move(staged), &t));
     *out = std::move(t);
     return Status::Ok();
   }
 
-  const NcclApi *const nccl_; // the transport is NCCL's; null: staged MPI
+  const Kind kind_;
+  const NcclApi *const nccl_; // kNccl's
   const int device_;
   const std::string advice_;
   CollectiveQueue queue_;
@@ -213,9 +231,30 @@ Status DevicePath::Open(std::unique_ptr<MpiTransport> host, const void *on,
                : "NNCOMM_GPU_TRANSPORT=nccl, but NCCL could not be loaded "
                  "on group ranks " + rank_list(without_nccl));
   }
+  std::set<int64_t> hosts;
+  for (int r = 0; r < size; ++r)
+    hosts.insert(all[kFields * r + kHost]);
+  const bool one_host = hosts.size() == 1 && size <= IpcTransport::kMaxRanks;
+  if (choice == config::GpuTransport::kIpc && !one_host) {
+    return Status::InvalidArgument(
+        "NNCOMM_GPU_TRANSPORT=ipc, but the group's " + std::to_string(size) +
+        " ranks are not all on one host, or more than " +
+        std::to_string(IpcTransport::kMaxRanks) +
+        " (CUDA IPC reaches the memory of one host's GPUs)");
+  }
+  Kind kind = Kind::kStaged;
+  if (choice == config::GpuTransport::kIpc)
+    kind = Kind::kIpc;
+  else if (choice == config::GpuTransport::kNccl ||
+           (choice == config::GpuTransport::kAuto && !shared &&
+            without_nccl.empty()))
+    kind = Kind::kNccl;
+  else if (choice == config::GpuTransport::kAuto && one_host &&
+           devices.size() == 1 && size > 1)
+    kind = Kind::kIpc;
   const std::string advice = sharing_advice(all, host->rank(), visible);
   std::unique_ptr<CudaDevicePath> path(new CudaDevicePath(
-      !shared && without_nccl.empty() ? api : nullptr, device, advice));
+      kind, kind == Kind::kNccl ? api : nullptr, device, advice));
   NNCOMM_RETURN_IF_ERROR(path->start(std::move(host)));
   *out = std::move(path);
   return Status::Ok();

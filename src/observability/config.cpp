@@ -1,5 +1,6 @@
 #include "nncomm/observability/config.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -103,6 +104,7 @@ Setting<std::string> text(const char *name) {
 struct Settings {
   Setting<size_t> chunk = bytes("NNCOMM_CHUNK_BYTES", 4u << 20);
   Setting<size_t> direct = bytes("NNCOMM_DIRECT_BYTES", 1u << 20);
+  Setting<size_t> ipc_chunk = bytes("NNCOMM_IPC_CHUNK_BYTES", 32u << 20);
   Setting<size_t> huge_page = bytes("NNCOMM_HUGE_PAGE_BYTES", 4u << 20);
   Setting<CallChecks> check = one_of(
       "NNCOMM_CHECK_CALLS", CallChecks::kNew,
@@ -121,8 +123,8 @@ struct Settings {
   Setting<GpuTransport> gpu = one_of(
       "NNCOMM_GPU_TRANSPORT", GpuTransport::kAuto,
       {{"auto", GpuTransport::kAuto}, {"nccl", GpuTransport::kNccl},
-       {"mpi", GpuTransport::kMpi}},
-      "auto, nccl or mpi");
+       {"ipc", GpuTransport::kIpc}, {"mpi", GpuTransport::kMpi}},
+      "auto, nccl, ipc or mpi");
   Setting<Hierarchical> two_level = one_of(
       "NNCOMM_HIERARCHICAL", Hierarchical::kAuto,
       {{"auto", Hierarchical::kAuto}, {"0", Hierarchical::kOff},
@@ -161,6 +163,9 @@ Status validate() {
 
 size_t chunk_bytes() { return settings().chunk.value; }
 size_t direct_bytes() { return settings().direct.value; }
+size_t ipc_chunk_bytes() {
+  return std::max<size_t>(settings().ipc_chunk.value, 4096);
+}
 size_t huge_page_bytes() { return settings().huge_page.value; }
 CallChecks check_calls() { return settings().check.value; }
 bool check_finite() { return settings().finite.value; }

@@ -12,14 +12,25 @@
 // kernel shows up as wrong data, and freeing memory that pending work uses
 // (cudaFree's synchronisation is not promised) stops the program.
 //
-// The only kernels it runs are the packing kernel and the NaN/infinity
-// check's, decoded from their argument arrays after checking the mangled
-// name each was registered under; their bodies are pack_tile.cuh's tile
+// Device memory is shared memory (memfd), so that CUDA IPC works between
+// processes: cudaIpcGetMemHandle names an allocation by process and file
+// descriptor, cudaIpcOpenMemHandle maps it in another process as memory of
+// that process's current device.
+//
+// The only kernels it runs are the packing kernel, the NaN/infinity
+// check's and the IPC transport's sum, decoded from their argument arrays
+// after checking the mangled name each was registered under; their bodies
+// are pack_tile.cuh's and sum_tile.cuh's tile
 // functions, run block by block and thread by thread (as
 // tests/cuda_emulation/emulate_pack.cu does), a block's vote
 // (__syncthreads_or) being the OR of its threads' findings.
 #include "fake_cudart.hpp"
 #include "cuda/pack_tile.cuh"
+#include "cuda/sum_tile.cuh"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cuda_runtime.h>
 #include <cxxabi.h>
@@ -48,6 +59,10 @@ std::string pack_kernel_name(bool words, bool check) {
          "bool, nncomm::Scaling, bool, unsigned int*)";
 }
 
+const char kSumKernel[] =
+    "nncomm::(anonymous namespace)::sum_kernel(nncomm::SumSources, void*, "
+    "unsigned long, nncomm::DType, nncomm::Scaling)";
+
 const char kFiniteKernel[] =
     "nncomm::(anonymous namespace)::finite_kernel(void const*, unsigned "
     "long, nncomm::DType, unsigned int*)";
@@ -70,8 +85,19 @@ using OpPtr = std::shared_ptr<Op>;
 
 struct Allocation {
   size_t bytes;
-  int device; // -1: pinned host memory
+  int device;      // -1: pinned host memory
+  int fd = -1;     // device memory's memfd, -1 where mapped from another
+  size_t mapped = 0; // bytes mapped (device memory)
+  bool imported = false; // cudaIpcOpenMemHandle's
 };
+
+// What the fake's cudaIpcMemHandle_t holds.
+struct IpcName {
+  pid_t pid;
+  int fd;
+  size_t bytes;
+};
+static_assert(sizeof(IpcName) <= sizeof(cudaIpcMemHandle_t), "fits");
 
 [[noreturn]] void violation(const std::string &what) {
   std::fprintf(stderr, "fake_cudart: %s\n", what.c_str());
@@ -416,10 +442,24 @@ static cudaError_t allocate(void **p, size_t bytes, bool pinned,
                             const char *call) {
   if (rt().fail(call))
     return cudaErrorMemoryAllocation;
-  char *mem = static_cast<char *>(
-      std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256));
+  const size_t rounded = (bytes + 255) / 256 * 256 + 256;
+  char *mem = nullptr;
+  Allocation a{bytes, pinned ? -1 : current_device};
+  if (pinned) {
+    mem = static_cast<char *>(std::aligned_alloc(256, rounded));
+  } else {
+    a.fd = memfd_create("fake_cudart", MFD_CLOEXEC);
+    if (a.fd < 0 || ftruncate(a.fd, rounded) != 0)
+      violation("memfd_create for device memory failed");
+    void *m = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, a.fd,
+                   0);
+    if (m == MAP_FAILED)
+      violation("mmap of device memory failed");
+    mem = static_cast<char *>(m);
+    a.mapped = rounded;
+  }
   std::memset(mem, 0xCD, bytes);
-  rt().allocations[mem] = {bytes, pinned ? -1 : current_device};
+  rt().allocations[mem] = a;
   *p = mem;
   return cudaSuccess;
 }
@@ -441,9 +481,17 @@ static cudaError_t release(void *p, bool pinned, const char *call) {
   auto it = rt().allocations.find(static_cast<char *>(p));
   if (it == rt().allocations.end() || (it->second.device == -1) != pinned)
     return cudaErrorInvalidValue;
+  if (it->second.imported)
+    return cudaErrorInvalidValue; // cudaIpcCloseMemHandle's to unmap
   rt().check_unused(p, call);
+  const Allocation a = it->second;
   rt().allocations.erase(it);
-  std::free(p);
+  if (pinned) {
+    std::free(p);
+  } else {
+    munmap(p, a.mapped);
+    close(a.fd);
+  }
   return cudaSuccess;
 }
 
@@ -455,6 +503,56 @@ cudaError_t cudaFree(void *p) {
 cudaError_t cudaFreeHost(void *p) {
   Call call;
   return release(p, true, "cudaFreeHost");
+}
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *p) {
+  Call call;
+  auto it = rt().allocations.find(static_cast<char *>(p));
+  if (it == rt().allocations.end() || it->second.device < 0 ||
+      it->second.imported)
+    return cudaErrorInvalidValue;
+  std::memset(handle, 0, sizeof *handle);
+  const IpcName name{getpid(), it->second.fd, it->second.mapped};
+  std::memcpy(handle, &name, sizeof name);
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t handle,
+                                 unsigned) {
+  Call call;
+  if (rt().fail("cudaIpcOpenMemHandle"))
+    return cudaErrorInvalidValue;
+  IpcName name;
+  std::memcpy(&name, &handle, sizeof name);
+  if (name.pid == getpid())
+    return cudaErrorInvalidValue; // CUDA maps another process's only
+  const std::string path = "/proc/" + std::to_string(name.pid) + "/fd/" +
+                           std::to_string(name.fd);
+  const int fd = open(path.c_str(), O_RDWR);
+  if (fd < 0)
+    return cudaErrorInvalidValue;
+  void *m = mmap(nullptr, name.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                 0);
+  close(fd);
+  if (m == MAP_FAILED)
+    return cudaErrorMemoryAllocation;
+  Allocation a{name.bytes, current_device};
+  a.mapped = name.bytes;
+  a.imported = true;
+  rt().allocations[static_cast<char *>(m)] = a;
+  *p = m;
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void *p) {
+  Call call;
+  auto it = rt().allocations.find(static_cast<char *>(p));
+  if (it == rt().allocations.end() || !it->second.imported)
+    return cudaErrorInvalidValue;
+  rt().check_unused(p, "cudaIpcCloseMemHandle");
+  munmap(p, it->second.mapped);
+  rt().allocations.erase(it);
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
@@ -614,6 +712,40 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block,
   if (s->device != current_device)
     return cudaErrorInvalidResourceHandle;
   // Arguments are copied at launch, as CUDA does.
+  if (name == kSumKernel) {
+    auto sources = *static_cast<const nncomm::SumSources *>(args[0]);
+    auto out = *static_cast<void *const *>(args[1]);
+    auto count = *static_cast<const size_t *>(args[2]);
+    auto dt = *static_cast<const nncomm::DType *>(args[3]);
+    auto scaling = *static_cast<const nncomm::Scaling *>(args[4]);
+    const size_t bytes = count * nncomm::dtype_size(dt);
+    OpPtr op = std::make_shared<Op>();
+    for (int k = 0; k < sources.count; ++k) {
+      const char *from = r.find(sources.at[k], bytes, s->device);
+      if (from == nullptr)
+        violation("sum_kernel's source " + std::to_string(k) +
+                  " is not device memory of its device");
+      op->uses.push_back(from);
+    }
+    const char *to = r.find(out, bytes, s->device);
+    if (to == nullptr)
+      violation("sum_kernel's output is not device memory of its device");
+    op->uses.push_back(to);
+    if (grid.x != (count + nncomm::kSumTileElements - 1) /
+                      nncomm::kSumTileElements)
+      violation("sum_kernel launched with " + std::to_string(grid.x) +
+                " blocks for " + std::to_string(count) + " elements");
+    op->work = [=] {
+      for (unsigned b = 0; b < grid.x; ++b) {
+        for (unsigned t = 0; t < block.x; ++t)
+          nncomm::sum_tile(sources, out, count, dt, scaling, b,
+                           nncomm::Lane{t, block.x});
+      }
+    };
+    r.enqueue(s, op);
+    ++r.launches;
+    return cudaSuccess;
+  }
   if (name == kFiniteKernel) {
     auto p = *static_cast<const void *const *>(args[0]);
     auto count = *static_cast<const size_t *>(args[1]);
@@ -637,8 +769,8 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block,
       words = k & 1, check = k & 2;
   }
   if (name != pack_kernel_name(words, check))
-    violation("the fake runs nncomm's pack_kernel and finite_kernel only, "
-              "not " + name);
+    violation("the fake runs nncomm's pack_kernel, finite_kernel and "
+              "sum_kernel only, not " + name);
   auto table = *static_cast<const nncomm::PackEntry *const *>(args[0]);
   auto rows = *static_cast<const size_t *>(args[1]);
   auto bucket = *static_cast<char *const *>(args[2]);

@@ -1,14 +1,16 @@
 // The GPU transports over real MPI, on the device memory of
 // fake_cudart.cpp, whose streams run work late and in random legal orders:
-// the host-staged transport (src/transports/cuda_staged_transport.cu) or the NCCL
-// transport (src/transports/cuda_nccl_transport.cu) on fake_nccl.cpp. Every
+// the host-staged transport (src/transports/cuda_staged_transport.cu), the
+// CUDA IPC transport (src/transports/cuda_ipc_transport.cu: the ranks'
+// processes map each other's fake device memory) or the NCCL transport
+// (src/transports/cuda_nccl_transport.cu) on fake_nccl.cpp. Every
 // collective, with its inputs written by work still pending on the compute
 // stream and its results read by work enqueued there afterwards, against a
 // reference computed here. A missing wait between the compute stream and
 // the transport's shows up as wrong data.
 //
 // Built and run under mpiexec by tests/test_gpu_path_emulated.py as
-// `transports_over_mpi SEED staged|nccl|group`, or `transports_over_mpi
+// `transports_over_mpi SEED staged|ipc|nccl|group`, or `transports_over_mpi
 // SEED fail WHAT CALL RANK AFTER` (check_setup_failure); prints
 // "transports_over_mpi: N checks passed on R ranks" on rank 0, or the first
 // failure (exit 1 on every rank, through MPI_Abort).
@@ -28,6 +30,7 @@
 #include "mpi_program.hpp"
 #include "fake_nccl.hpp"
 #include "nncomm/collectives/list_collectives.hpp"
+#include "nncomm/transports/ipc_transport.hpp"
 #include "nncomm/transports/staged_transport.hpp"
 #include "nncomm/cuda/device_arrays.hpp"
 #include "nncomm/core/bucket_plan.hpp"
@@ -825,7 +828,14 @@ int main(int argc, char **argv) {
       std::unique_ptr<StagedTransport> staged;
       ok(StagedTransport::Create(std::move(mpi), &staged),
          "StagedTransport::Create");
-      t = std::move(staged);
+      if (kind == "ipc") {
+        std::unique_ptr<IpcTransport> ipc;
+        ok(IpcTransport::Create(std::move(staged), &ipc),
+           "IpcTransport::Create");
+        t = std::move(ipc);
+      } else {
+        t = std::move(staged);
+      }
     }
     // Sizes from one element to several MPI pieces (NNCOMM_CHUNK_BYTES is
     // set small by the test), growing the pinned buffer on the way.

@@ -485,8 +485,9 @@ else:  # MODE == "emulated"
             if "ctx.device_id = str(comm.local_rank)" in str(w.message)]
     check(said == ([] if SIZE == 1 or RANK > 0 else [
         f"group ranks {list(range(SIZE))} on this host use 1 of its 2 GPUs, "
-        f"so ranks sharing one communicate through host memory (no NCCL); "
-        f"give each rank its own, as nnabla's examples do with "
+        f"so ranks sharing one cannot use NCCL (they communicate through "
+        f"CUDA IPC or host memory); give each rank its own, as nnabla's "
+        f"examples do with "
         f"ctx.device_id = str(comm.local_rank)"]), f"sharing advice {said}")
     check(np.array_equal(xp.asnumpy(x), np.full(3, SIZE, np.float32)),
           "all_reduce on the shared device")

@@ -45,7 +45,7 @@ elif MODE == "same":
 ck = Checker("settings")
 expected = {
     "bad": ["NNCOMM_CHUNK_BYTES=4k", "NNCOMM_TIMEOUT=-1",
-            "NNCOMM_GPU_TRANSPORT=gloo (expected auto, nccl or mpi)",
+            "NNCOMM_GPU_TRANSPORT=gloo (expected auto, nccl, ipc or mpi)",
             "NNCOMM_FLIGHT_RECORDER=lots (expected 0 (off) to 1000000 "
             "operations)",
             "NNCOMM_CHECK_FINITE=yes (expected 0 or 1)",

@@ -1,8 +1,8 @@
 // DevicePath: how a group reaches CUDA device memory: the device transport
 // chosen for the group (config::gpu_transport()): NCCL where it loads on
 // every rank and every rank has a device of its own (NCCL refuses two ranks
-// on one), MPI through pinned host memory otherwise; every rank makes the
-// same choice. A Group (group.hpp) opens its path at its first collective
+// on one), CUDA IPC where every rank is on one device, MPI through pinned
+// host memory otherwise; every rank makes the same choice. A Group (group.hpp) opens its path at its first collective
 // placed on a device, and runs every later one there through run(). Its
 // state is private to the CUDA build (src/cuda/cuda_device_path.cu); a
 // build without CUDA refuses to open one
@@ -41,7 +41,7 @@ public:
                      std::unique_ptr<DevicePath> *out);
   virtual ~DevicePath() = default;
 
-  // "nccl" or "mpi".
+  // "nccl", "ipc" or "mpi".
   virtual const char *transport_name() const = 0;
   // What the user should change where the group's ranks share a GPU while
   // their hosts have more; empty otherwise.

@@ -64,8 +64,8 @@ public:
   // collective below checks its arrays; the engine's caller checks its
   // gradients.
   Status check_placed(const std::vector<ArrayRef> &arrays);
-  // How the group communicates device memory: "nccl" or "mpi" (before its
-  // first device collective too).
+  // How the group communicates device memory: "nccl", "ipc" or "mpi"
+  // ("mpi" before its first device collective too).
   const char *device_transport();
   // What the device path, opened since the last call, advises the user
   // (device_path.hpp); empty otherwise. has_advice() says whether there

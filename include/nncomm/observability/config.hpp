@@ -23,6 +23,11 @@ Status validate();
 // heap memory. NNCOMM_CHUNK_BYTES.
 size_t chunk_bytes();
 
+// What the CUDA IPC transport moves per chunk (ipc_transport.hpp): each
+// rank's two slots of it are device memory, and every chunk costs a round
+// on the host. NNCOMM_IPC_CHUNK_BYTES, default 32 MiB, at least 4 KiB.
+size_t ipc_chunk_bytes();
+
 // Arrays at least this large are reduced where they lie instead of being
 // copied into the fusion buffer: for them the two copies cost more than the
 // extra MPI call saves. NNCOMM_DIRECT_BYTES.
@@ -66,11 +71,12 @@ double timeout_seconds();
 // NNCOMM_STALL_WARNING, default 60.
 double stall_warning_seconds();
 
-// Which transport carries collectives on CUDA device memory: NCCL, MPI
-// through pinned host memory, or (kAuto, the default) NCCL where it loads
-// on every rank and every rank has a device of its own, else MPI.
-// NNCOMM_GPU_TRANSPORT=auto|nccl|mpi.
-enum class GpuTransport { kAuto = 0, kNccl = 1, kMpi = 2 };
+// Which transport carries collectives on CUDA device memory: NCCL, CUDA
+// IPC among the ranks of one host, MPI through pinned host memory, or
+// (kAuto, the default) NCCL where it loads on every rank and every rank has
+// a device of its own, else IPC where every rank is on one GPU, else MPI.
+// NNCOMM_GPU_TRANSPORT=auto|nccl|ipc|mpi.
+enum class GpuTransport { kAuto = 0, kNccl = 1, kMpi = 2, kIpc = 3 };
 GpuTransport gpu_transport();
 
 // Whether MpiTransport all-reduces in two levels across hosts

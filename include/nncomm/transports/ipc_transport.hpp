@@ -1,0 +1,93 @@
+// IpcTransport: collectives on CUDA device memory among ranks of one host
+// that read each other's device memory directly (CUDA IPC), for ranks
+// sharing a GPU, which NCCL refuses and host staging serves at the speed of
+// host memory. Each rank exports two slots of device memory; an operation
+// goes through them in chunks: a rank copies its chunk into its slot, the
+// ranks meet in a barrier on the host once each has seen its copy
+// complete, and each then reads the others' slots (a sum kernel, or
+// copies) into its own result. A slot is written again two chunks later,
+// after a barrier that every rank enters only once its reads of that slot
+// have completed: completion is established on the host, never by events
+// shared between processes.
+//
+// Sums run in rank order, rounded as the host's (sum_tile.cuh), so every
+// rank gets the same bits. all_reduce, reduce, bcast, all_gather and
+// reduce_scatter go through the slots; the others, through the host-staged
+// transport it is made over, on the same stream.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "nncomm/transports/staged_transport.hpp"
+
+namespace nncomm {
+
+class IpcTransport : public DeviceTransport {
+public:
+  // The most ranks one transport serves.
+  static constexpr int kMaxRanks = 8;
+
+  // A transport over `staged`'s ranks (at most kMaxRanks, on this host).
+  // Collective; fails on every rank when it fails on one.
+  static Status Create(std::unique_ptr<StagedTransport> staged,
+                       std::unique_ptr<IpcTransport> *out);
+  ~IpcTransport() override;
+  IpcTransport(const IpcTransport &) = delete;
+  IpcTransport &operator=(const IpcTransport &) = delete;
+
+  Transport &host() override { return staged_->host(); }
+  int rank() const override { return staged_->rank(); }
+  int size() const override { return staged_->size(); }
+  int device() const override { return staged_->device(); }
+  CudaStream stream() const override { return staged_->stream(); }
+
+  Status start_allreduce(void *buf, size_t count, DType dt, float scale,
+                         int divisor, WorkPtr *work) override;
+  Status start_reduce(void *buf, size_t count, DType dt, int root,
+                      int divisor, WorkPtr *work) override;
+  Status start_bcast(void *buf, size_t count, DType dt, int root,
+                     WorkPtr *work) override;
+  Status start_allgather(const void *send, void *recv, size_t count,
+                         DType dt, WorkPtr *work) override;
+  Status start_reduce_scatter(const void *send, void *recv, size_t count,
+                              DType dt, int divisor, WorkPtr *work) override;
+  Status start_alltoallv(const void *send, const Blocks &send_blocks,
+                         void *recv, const Blocks &recv_blocks, DType dt,
+                         WorkPtr *work) override {
+    return staged_->start_alltoallv(send, send_blocks, recv, recv_blocks, dt,
+                                    work);
+  }
+  Status start_allgatherv(const void *send, size_t count, void *recv,
+                          const Blocks &blocks, DType dt,
+                          WorkPtr *work) override {
+    return staged_->start_allgatherv(send, count, recv, blocks, dt, work);
+  }
+  Status start_barrier(WorkPtr *work) override {
+    return staged_->start_barrier(work);
+  }
+  Status agree(uint64_t value, bool *same) override {
+    return staged_->agree(value, same);
+  }
+  Status check_call(uint64_t signature, bool always) override {
+    return staged_->check_call(signature, always);
+  }
+
+private:
+  struct Slots;
+  class Chunked;
+  // One chunk's part of an operation: its copies into this rank's slot
+  // (fill), or its reads of every rank's (use).
+  using Step = std::function<Status(size_t chunk, uint64_t slot)>;
+  // Starts an operation of `chunks` chunks.
+  Status start(std::string name, size_t chunks, Step fill, Step use,
+               WorkPtr *work);
+  IpcTransport(std::unique_ptr<StagedTransport> staged,
+               std::unique_ptr<Slots> slots);
+
+  const std::unique_ptr<StagedTransport> staged_;
+  const std::unique_ptr<Slots> slots_;
+};
+
+} // namespace nncomm
