@@ -8,26 +8,33 @@ WorkerDescriptor.__doc__ = """A process of the job, as CNTK's
 ``WorkerDescriptor``: ``global_rank``, its world rank, and ``host_id``, the
 name of its host (``MPI_Get_processor_name``)."""
 
-# Settings that change which MPI calls a collective makes: ranks that
-# differ in them would match different calls.
+# Settings that change which MPI calls a collective makes (or, on a GPU,
+# which transport and which steps): ranks that differ in them would match
+# different calls.
 cdef tuple _AGREED_SETTINGS = ("NNCOMM_CHUNK_BYTES", "NNCOMM_DIRECT_BYTES",
-                               "NNCOMM_CHECK_CALLS", "NNCOMM_HIERARCHICAL")
+                               "NNCOMM_CHECK_CALLS", "NNCOMM_HIERARCHICAL",
+                               "NNCOMM_GPU_TRANSPORT",
+                               "NNCOMM_IPC_CHUNK_BYTES",
+                               "NNCOMM_IPC_MIN_BYTES")
 
 
 cdef int _agree_on_settings(_Group world) except -1:
     """Raises ValueError on every rank, naming the setting and which ranks
     have which value, unless all ranks run with the same settings."""
-    cdef int64_t mine[4]
+    cdef int64_t mine[7]
     mine[0] = chunk_bytes()
     mine[1] = direct_bytes()
     mine[2] = <int>check_calls()
     mine[3] = <int>hierarchical()
+    mine[4] = <int>gpu_transport()
+    mine[5] = ipc_chunk_bytes()
+    mine[6] = ipc_min_bytes()
     n = len(world.ranks)
-    everyone = np.zeros((n, 4), np.int64)
+    everyone = np.zeros((n, 7), np.int64)
     cdef int64_t[:, ::1] out = everyone
     cdef Status status
     with nogil:
-        status = deref(world.core).allgather(mine, &out[0, 0], 4,
+        status = deref(world.core).allgather(mine, &out[0, 0], 7,
                                               DType.kInt64)
     CHKSTATUS(status)
     for k, name in enumerate(_AGREED_SETTINGS):

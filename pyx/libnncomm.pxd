@@ -200,6 +200,14 @@ cdef extern from "nncomm/observability/config.hpp" namespace "nncomm::config" no
     int engine_poll_us()
     size_t direct_bytes()
     size_t chunk_bytes()
+    size_t ipc_chunk_bytes()
+    size_t ipc_min_bytes()
+    enum class GpuTransport(int):
+        kAuto
+        kNccl
+        kMpi
+        kIpc
+    GpuTransport gpu_transport()
     const string& nccl_library()
     const string& timeline_path()
     size_t flight_recorder_entries()

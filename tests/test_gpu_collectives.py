@@ -19,9 +19,12 @@ if _DEVICES == 0:
     pytest.skip("no CUDA device", allow_module_level=True)
 
 
-@pytest.mark.parametrize("n,transport", [(1, "nccl"), (2, "mpi"), (2, "ipc"),
-                                         (3, "ipc")])
-def test_collectives_on_cupy_arrays(n, transport):
-    out = run_worker("gpu_arrays", n, ["cupy"],
-                     env={"NNCOMM_GPU_TRANSPORT": transport})
+# IPC: every operation through it (least 0), or the small ones staged.
+@pytest.mark.parametrize("n,transport,least", [
+    (1, "nccl", None), (2, "mpi", None), (2, "ipc", "0"), (3, "ipc", None)])
+def test_collectives_on_cupy_arrays(n, transport, least):
+    env = {"NNCOMM_GPU_TRANSPORT": transport}
+    if least is not None:
+        env["NNCOMM_IPC_MIN_BYTES"] = least
+    out = run_worker("gpu_arrays", n, ["cupy"], env=env)
     assert "checks passed" in out

@@ -136,12 +136,15 @@ def test_staged_collectives_on_emulated_devices(transports_over_mpi, ranks,
 
 # Ranks mapping each other's fake device memory; chunks of 4 KiB, so the
 # larger arrays go through both slots many times (a slot rewritten before
-# every rank's reads of it completed shows up as wrong data).
-@pytest.mark.parametrize("ranks,seed", [(2, 1), (3, 2), (4, 3)])
+# every rank's reads of it completed shows up as wrong data). Operations
+# under 1 KiB through host memory, in between the others, or none.
+@pytest.mark.parametrize("ranks,seed,least", [(2, 1, "1024"), (3, 2, "0"),
+                                              (4, 3, "1024")])
 def test_ipc_collectives_on_emulated_devices(transports_over_mpi, ranks,
-                                             seed):
+                                             seed, least):
     run(transports_over_mpi, ranks, [seed, "ipc"],
-        dict(LISTS, NNCOMM_IPC_CHUNK_BYTES="4096"))
+        dict(LISTS, NNCOMM_IPC_CHUNK_BYTES="4096",
+             NNCOMM_IPC_MIN_BYTES=least))
 
 
 # Powers of two: NCCL folds the scale and the division into one factor,

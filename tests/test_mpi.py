@@ -44,7 +44,8 @@ def test_worker_tuned(tuning, worker, n):
         assert f"{key}={value}" in out
 
 
-@pytest.mark.parametrize("mode", ("bad", "differ", "differ_checks", "same"))
+@pytest.mark.parametrize("mode", ("bad", "differ", "differ_checks",
+                                  "differ_gpu", "same"))
 def test_settings_checked_at_init(mode):
     run_worker("settings", 1 if mode == "bad" else 3, [mode], timeout=60)
 

@@ -105,6 +105,8 @@ struct Settings {
   Setting<size_t> chunk = bytes("NNCOMM_CHUNK_BYTES", 4u << 20);
   Setting<size_t> direct = bytes("NNCOMM_DIRECT_BYTES", 1u << 20);
   Setting<size_t> ipc_chunk = bytes("NNCOMM_IPC_CHUNK_BYTES", 32u << 20);
+  Setting<size_t> ipc_min = count("NNCOMM_IPC_MIN_BYTES", 2u << 20, 0,
+                                  SIZE_MAX, "a number of bytes, 0 or more");
   Setting<size_t> huge_page = bytes("NNCOMM_HUGE_PAGE_BYTES", 4u << 20);
   Setting<CallChecks> check = one_of(
       "NNCOMM_CHECK_CALLS", CallChecks::kNew,
@@ -163,6 +165,7 @@ Status validate() {
 
 size_t chunk_bytes() { return settings().chunk.value; }
 size_t direct_bytes() { return settings().direct.value; }
+size_t ipc_min_bytes() { return settings().ipc_min.value; }
 size_t ipc_chunk_bytes() {
   return std::max<size_t>(settings().ipc_chunk.value, 4096);
 }

@@ -231,10 +231,18 @@ Status IpcTransport::start(std::string name, size_t chunks, Step fill,
   return Status::Ok();
 }
 
+// Whether an operation moving `bytes` (each rank's largest buffer) goes
+// through host memory instead.
+bool IpcTransport::staged(size_t bytes) const {
+  return bytes < config::ipc_min_bytes();
+}
+
 Status IpcTransport::start_allreduce(void *buf, size_t count, DType dt,
                                      float scale, int divisor,
                                      WorkPtr *work) {
   const size_t size = dtype_size(dt);
+  if (staged(count * size))
+    return staged_->start_allreduce(buf, count, dt, scale, divisor, work);
   const size_t per = slots_->bytes / size;
   char *data = static_cast<char *>(buf);
   const Slots &slots = *slots_;
@@ -256,6 +264,8 @@ Status IpcTransport::start_allreduce(void *buf, size_t count, DType dt,
 Status IpcTransport::start_reduce(void *buf, size_t count, DType dt, int root,
                                   int divisor, WorkPtr *work) {
   const size_t size = dtype_size(dt);
+  if (staged(count * size))
+    return staged_->start_reduce(buf, count, dt, root, divisor, work);
   const size_t per = slots_->bytes / size;
   char *data = static_cast<char *>(buf);
   const Slots &slots = *slots_;
@@ -280,6 +290,8 @@ Status IpcTransport::start_reduce(void *buf, size_t count, DType dt, int root,
 Status IpcTransport::start_bcast(void *buf, size_t count, DType dt, int root,
                                  WorkPtr *work) {
   const size_t size = dtype_size(dt);
+  if (staged(count * size))
+    return staged_->start_bcast(buf, count, dt, root, work);
   const size_t per = slots_->bytes / size;
   char *data = static_cast<char *>(buf);
   const Slots &slots = *slots_;
@@ -306,6 +318,8 @@ Status IpcTransport::start_bcast(void *buf, size_t count, DType dt, int root,
 Status IpcTransport::start_allgather(const void *send, void *recv,
                                      size_t count, DType dt, WorkPtr *work) {
   const size_t size = dtype_size(dt);
+  if (staged(count * size * this->size()))
+    return staged_->start_allgather(send, recv, count, dt, work);
   const size_t per = slots_->bytes / size;
   const char *from = static_cast<const char *>(send);
   char *to = static_cast<char *>(recv);
@@ -336,6 +350,10 @@ Status IpcTransport::start_reduce_scatter(const void *send, void *recv,
                                           WorkPtr *work) {
   const size_t size = dtype_size(dt);
   const int ranks = this->size();
+  if (staged(count * size * ranks)) {
+    return staged_->start_reduce_scatter(send, recv, count, dt, divisor,
+                                         work);
+  }
   const size_t per = slots_->bytes / size / ranks;
   const char *from = static_cast<const char *>(send);
   char *to = static_cast<char *>(recv);

@@ -38,6 +38,7 @@
 #include "nncomm/collectives/group.hpp"
 #include "nncomm/transports/nccl_transport.hpp"
 #include "nncomm/host/elementwise.hpp"
+#include "nncomm/observability/config.hpp"
 #include "nncomm/transports/mpi_transport.hpp"
 #include "nncomm/core/wait.hpp"
 
@@ -805,6 +806,8 @@ int main(int argc, char **argv) {
   const uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1;
   const std::string kind = argc > 2 ? argv[2] : "staged";
   nncomm_fake_configure(seed * 131 + rank, 3);
+  // A setting the test gives must not fall back to its default unseen.
+  ok(config::validate(), "the NNCOMM_* settings");
   // Two ranks share each fake device (as ranks share a GPU for the staged
   // transport, where NCCL would refuse them: the fake does not).
   cuda(cudaSetDevice(rank % 2), "cudaSetDevice");

@@ -12,7 +12,9 @@ Usage: settings.py MODE, where MODE is
   NNCOMM_CHECK_CALLS=0 on rank 0 only (MODE differ_checks), or with
   NNCOMM_HIERARCHICAL=0 on rank 0 only (MODE differ_hierarchical: on
   ranks that span hosts, the others' world all-reduce would run in two
-  levels);
+  levels), or with NNCOMM_IPC_MIN_BYTES=0 on rank 0 only (MODE
+  differ_gpu: the ranks would take different GPU transports for an
+  operation);
 - same: every rank runs with NNCOMM_DIRECT_BYTES=64 (init succeeds).
 """
 import os
@@ -37,6 +39,8 @@ elif MODE == "differ":
     os.environ["NNCOMM_DIRECT_BYTES"] = str((RANK + 1) * 64)
 elif MODE == "differ_checks" and RANK == 0:
     os.environ["NNCOMM_CHECK_CALLS"] = "0"
+elif MODE == "differ_gpu" and RANK == 0:
+    os.environ["NNCOMM_IPC_MIN_BYTES"] = "0"
 elif MODE == "differ_hierarchical" and RANK == 0:
     os.environ["NNCOMM_HIERARCHICAL"] = "0"
 elif MODE == "same":
@@ -56,6 +60,8 @@ expected = {
                       "on ranks [0]"],
     "differ_hierarchical": ["NNCOMM_HIERARCHICAL differs between ranks",
                             "on ranks [0]"],
+    "differ_gpu": ["NNCOMM_IPC_MIN_BYTES differs between ranks",
+                   "0 on ranks [0]"],
 }.get(MODE)
 if expected is None:
     comm, _ = make_comm()

@@ -12,8 +12,9 @@
 //
 // Sums run in rank order, rounded as the host's (sum_tile.cuh), so every
 // rank gets the same bits. all_reduce, reduce, bcast, all_gather and
-// reduce_scatter go through the slots; the others, through the host-staged
-// transport it is made over, on the same stream.
+// reduce_scatter of at least config::ipc_min_bytes() go through the slots;
+// smaller ones and the others, through the host-staged transport it is made
+// over, on the same stream.
 #pragma once
 
 #include <functional>
@@ -80,6 +81,7 @@ private:
   // One chunk's part of an operation: its copies into this rank's slot
   // (fill), or its reads of every rank's (use).
   using Step = std::function<Status(size_t chunk, uint64_t slot)>;
+  bool staged(size_t bytes) const;
   // Starts an operation of `chunks` chunks.
   Status start(std::string name, size_t chunks, Step fill, Step use,
                WorkPtr *work);
