@@ -231,8 +231,6 @@ Status IpcTransport::start(std::string name, size_t chunks, Step fill,
   return Status::Ok();
 }
 
-// Whether an operation moving `bytes` (each rank's largest buffer) goes
-// through host memory instead.
 bool IpcTransport::staged(size_t bytes) const {
   return bytes < config::ipc_min_bytes();
 }
@@ -240,46 +238,36 @@ bool IpcTransport::staged(size_t bytes) const {
 Status IpcTransport::start_allreduce(void *buf, size_t count, DType dt,
                                      float scale, int divisor,
                                      WorkPtr *work) {
-  const size_t size = dtype_size(dt);
-  if (staged(count * size))
+  if (staged(count * dtype_size(dt)))
     return staged_->start_allreduce(buf, count, dt, scale, divisor, work);
-  const size_t per = slots_->bytes / size;
-  char *data = static_cast<char *>(buf);
-  const Slots &slots = *slots_;
-  const CudaStream s = stream();
-  const Scaling scaling = make_scaling(scale, divisor);
-  return start(
-      "all_reduce", chunks_of(count, per),
-      [=, &slots](size_t i, uint64_t k) {
-        return copy(slots.slot(slots.rank, k), data + i * per * size,
-                    chunk_count(i, per, count) * size, s);
-      },
-      [=, &slots](size_t i, uint64_t k) {
-        return sum(slots.sources(k, 0), data + i * per * size,
-                   chunk_count(i, per, count), dt, scaling, s);
-      },
-      work);
+  return start_sum("all_reduce", buf, count, dt,
+                   make_scaling(scale, divisor), true, work);
 }
 
 Status IpcTransport::start_reduce(void *buf, size_t count, DType dt, int root,
                                   int divisor, WorkPtr *work) {
-  const size_t size = dtype_size(dt);
-  if (staged(count * size))
+  if (staged(count * dtype_size(dt)))
     return staged_->start_reduce(buf, count, dt, root, divisor, work);
+  return start_sum("reduce", buf, count, dt, make_scaling(1.0f, divisor),
+                   rank() == root, work);
+}
+
+Status IpcTransport::start_sum(std::string name, void *buf, size_t count,
+                               DType dt, Scaling scaling, bool receives,
+                               WorkPtr *work) {
+  const size_t size = dtype_size(dt);
   const size_t per = slots_->bytes / size;
   char *data = static_cast<char *>(buf);
   const Slots &slots = *slots_;
   const CudaStream s = stream();
-  const Scaling scaling = make_scaling(1.0f, divisor);
-  const bool is_root = rank() == root;
   return start(
-      "reduce", chunks_of(count, per),
+      std::move(name), chunks_of(count, per),
       [=, &slots](size_t i, uint64_t k) {
         return copy(slots.slot(slots.rank, k), data + i * per * size,
                     chunk_count(i, per, count) * size, s);
       },
       [=, &slots](size_t i, uint64_t k) {
-        if (!is_root)
+        if (!receives)
           return Status::Ok();
         return sum(slots.sources(k, 0), data + i * per * size,
                    chunk_count(i, per, count), dt, scaling, s);

@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 
+#include "nncomm/core/scaling.hpp"
 #include "nncomm/transports/staged_transport.hpp"
 
 namespace nncomm {
@@ -81,7 +82,13 @@ private:
   // One chunk's part of an operation: its copies into this rank's slot
   // (fill), or its reads of every rank's (use).
   using Step = std::function<Status(size_t chunk, uint64_t slot)>;
+  // Whether an operation whose largest buffer holds `bytes` goes through
+  // host memory (config::ipc_min_bytes()).
   bool staged(size_t bytes) const;
+  // Starts the sum of every rank's `buf` into this rank's `buf` where it
+  // `receives` (all_reduce: every rank; reduce: the root).
+  Status start_sum(std::string name, void *buf, size_t count, DType dt,
+                   Scaling scaling, bool receives, WorkPtr *work);
   // Starts an operation of `chunks` chunks.
   Status start(std::string name, size_t chunks, Step fill, Step use,
                WorkPtr *work);
