@@ -103,7 +103,8 @@ def transports_over_mpi(tmp_path_factory):
                   "src/collectives/collective_queue.cpp",
                   "src/cuda/cuda_device_arrays.cu", "src/cuda/cuda_pack.cu",
                   "src/cuda/cuda_device_path.cu", "src/cuda/cuda_devices.cu",
-                  "src/cuda/cuda_runner.cu", "src/core/bucket_plan.cpp",
+                  "src/cuda/cuda_runner.cu", "src/cuda/device_trace.cu",
+                  "src/core/bucket_plan.cpp",
                   "src/core/pack.cpp", "src/core/fusion_buffer.cpp",
                   "src/core/array_memory.cpp", "src/core/engine.cpp",
                   "src/core/bucket_runner.cpp", "src/core/launch_tuner.cpp"])
@@ -113,7 +114,8 @@ def transports_over_mpi(tmp_path_factory):
 def engine_over_mpi(tmp_path_factory):
     return build(tmp_path_factory, "engine_over_mpi",
                  ["src/core/engine.cpp", "src/core/bucket_runner.cpp",
-                  "src/cuda/cuda_runner.cu", "src/cuda/cuda_device_arrays.cu",
+                  "src/cuda/cuda_runner.cu", "src/cuda/device_trace.cu",
+                  "src/cuda/cuda_device_arrays.cu",
                   "src/cuda/cuda_pack.cu", "src/core/launch_tuner.cpp",
                   "src/core/bucket_plan.cpp", "src/core/pack.cpp"])
 

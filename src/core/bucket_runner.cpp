@@ -75,11 +75,13 @@ Status BucketRunner::start(size_t index, const Bucket &bucket,
   NNCOMM_RETURN_IF_ERROR(
       direct_piece(bucket, tensors, zeros, precise, check, &piece));
   if (piece != nullptr) {
+    NNCOMM_RETURN_IF_ERROR(packed(index, bucket, false));
     return transport_.start_allreduce(piece, bucket.count, bucket.dtype, scale,
                                       divisor, work);
   }
   const ScalingSplit s = split_scaling(*memory_, bucket.dtype, scale, divisor);
   NNCOMM_RETURN_IF_ERROR(pack(bucket, tensors, s, zeros, check));
+  NNCOMM_RETURN_IF_ERROR(packed(index, bucket, true));
   return transport_.start_allreduce(buffer_, table_.count, bucket.dtype,
                                     s.reduce_scale, s.reduce_divisor, work);
 }
@@ -97,7 +99,7 @@ Status BucketRunner::stage(size_t index, const Bucket &bucket,
         direct_piece(bucket, tensors, zeros, true, check, buffer));
     if (*buffer != nullptr) {
       *hook_divisor = divisor;
-      return Status::Ok();
+      return packed(index, bucket, false);
     }
   }
   const ScalingSplit s = split_scaling(*memory_, bucket.dtype, scale, divisor);
@@ -110,7 +112,7 @@ Status BucketRunner::stage(size_t index, const Bucket &bucket,
   }
   NNCOMM_RETURN_IF_ERROR(pack(bucket, tensors, s, zeros, check));
   *buffer = buffer_;
-  return Status::Ok();
+  return packed(index, bucket, true);
 }
 
 Status BucketRunner::pack(const Bucket &bucket, const TensorTable &tensors,

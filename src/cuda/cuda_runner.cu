@@ -4,6 +4,7 @@
 
 #include "cuda/cuda_calls.hpp"
 #include "nncomm/cuda/device_arrays.hpp"
+#include "nncomm/observability/timeline.hpp"
 
 namespace nncomm {
 
@@ -50,15 +51,42 @@ Status CudaRunner::ready(size_t index) {
 }
 
 Status CudaRunner::follow(size_t index) {
+  current_ = index;
+  tracing_ = Timeline::on();
+  if (tracing_ && trace_ == nullptr)
+    NNCOMM_RETURN_IF_ERROR(DeviceTrace::Create(transport_.device(), &trace_));
+  NNCOMM_RETURN_IF_ERROR(trace(DeviceTrace::kReached));
   DeviceScope scope;
   NNCOMM_RETURN_IF_ERROR(scope.enter(transport_.device()));
   NNCOMM_CUDA_CALL(cudaStreamWaitEvent,
                    static_cast<cudaStream_t>(transport_.stream()),
                    static_cast<cudaEvent_t>(ready_[index]), 0);
-  return Status::Ok();
+  return trace(DeviceTrace::kReady);
 }
 
-Status CudaRunner::close() { return transport_.lead(compute_); }
+Status CudaRunner::packed(size_t index, const Bucket &bucket, bool staged) {
+  if (tracing_)
+    trace_->describe(index, bucket.count, bucket.dtype, staged);
+  return trace(DeviceTrace::kPacked);
+}
+
+Status CudaRunner::finish() {
+  NNCOMM_RETURN_IF_ERROR(trace(DeviceTrace::kReduced));
+  NNCOMM_RETURN_IF_ERROR(BucketRunner::finish());
+  return trace(DeviceTrace::kWritten);
+}
+
+Status CudaRunner::trace(DeviceTrace::Point point) {
+  if (!tracing_)
+    return Status::Ok();
+  return trace_->mark(current_, point, transport_.stream());
+}
+
+Status CudaRunner::close() {
+  if (trace_ != nullptr)
+    trace_->close();
+  return transport_.lead(compute_);
+}
 
 // DeviceArrays packs and unpacks on the transport's stream.
 void *CudaRunner::stream() const { return transport_.stream(); }

@@ -28,7 +28,7 @@ struct Event {
 
 constexpr Track kTracks[] = {Track::kBackward, Track::kGradients,
                              Track::kEngine, Track::kCollectives,
-                             Track::kStalls};
+                             Track::kStalls, Track::kDevice};
 
 const char *track_name(Track track) {
   switch (track) {
@@ -37,6 +37,7 @@ const char *track_name(Track track) {
   case Track::kEngine: return "engine";
   case Track::kCollectives: return "collectives";
   case Track::kStalls: return "stalls";
+  case Track::kDevice: return "device";
   }
   return "unknown";
 }

@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 #include <cxxabi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -73,6 +74,7 @@ struct Op {
   std::vector<const void *> uses; // allocations it reads or writes
   bool held = false;              // runs only when nothing else can
   bool done = false;
+  std::chrono::steady_clock::time_point ran; // once done: an event's time
   bool ready() const {
     for (const auto &op : after) {
       if (!op->done)
@@ -161,6 +163,7 @@ struct Runtime {
     OpPtr op = pending[i];
     pending.erase(pending.begin() + i);
     op->work();
+    op->ran = std::chrono::steady_clock::now();
     op->done = true;
     op->after.clear(); // what it waited for need not live on
 
@@ -644,6 +647,20 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (e->recorded == nullptr || e->recorded->done)
     return cudaSuccess;
   return cudaErrorNotReady;
+}
+
+// The time between the host's running the two records' work.
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start,
+                                 cudaEvent_t end) {
+  Call call;
+  if (start->recorded == nullptr || end->recorded == nullptr)
+    return cudaErrorInvalidResourceHandle;
+  if (!start->recorded->done || !end->recorded->done)
+    return cudaErrorNotReady;
+  *ms = std::chrono::duration<float, std::milli>(end->recorded->ran -
+                                                 start->recorded->ran)
+            .count();
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned) {

@@ -68,6 +68,59 @@ class HostDescribed:
             "strides": strides, "stream": stream}
 
 
+def device_timeline(comm, xp, write):
+    """While a timeline records, each bucket of a GPU engine gets device
+    spans on the "device" track: wait_gradients and reduce for every
+    bucket, pack and unpack for a staged one, in order, each bucket once
+    per iteration and every gradient byte in one reduce span. An
+    iteration's spans are written when the next begins, so of two
+    iterations the first is checked (the second may be, too)."""
+    import tempfile
+    from nncomm import timeline
+
+    path = world.bcast(os.path.join(tempfile.mkdtemp(), "device.json")
+                       if RANK == 0 else None)
+    # 2048 x 256 float32 is a bucket of its own, reduced in place.
+    rows = [1, 64, 2048, 40]
+    grads = [xp.zeros((r, 256), np.float32) for r in rows]
+    reducer = comm.gradient_reducer(grads, 5000, division=True)
+    comm.start_timeline(path)
+    for it in range(2):
+        reducer.begin()
+        for k in reversed(range(len(rows))):
+            write(grads[k], np.full((rows[k], 256), it + 1, np.float32))
+            reducer.ready(k)
+        reducer.finish()
+    comm.stop_timeline()
+    if RANK != 0:
+        return
+    events = [e for e in timeline.load(path) if e.get("cat") == "device"]
+    for r in range(SIZE):
+        spans = {}
+        for e in events:
+            if e["pid"] == r:
+                spans.setdefault(e["args"]["bucket"], []).append(e)
+        check(len(spans) > 1, f"rank {r}: device spans of {len(spans)} "
+                              "buckets")
+        total = 0
+        for bucket, mine in spans.items():
+            names = [e["name"] for e in mine]
+            staged = "pack" in names
+            steps = (["wait_gradients", "pack", "reduce", "unpack"] if staged
+                     else ["wait_gradients", "reduce"])
+            times = len(mine) // len(steps)
+            check(times >= 1 and names == steps * times,
+                  f"rank {r} bucket {bucket}: device spans {names}")
+            for a, b in zip(mine, mine[1:len(steps)]):
+                check(a["dur"] >= 0 and a["ts"] + a["dur"] <= b["ts"] + 2,
+                      f"rank {r} bucket {bucket}: {a['name']} "
+                      f"({a['ts']}+{a['dur']}) then {b['name']} ({b['ts']})")
+            total += mine[steps.index("reduce")]["args"]["bytes"]
+        check(total == sum(rows) * 256 * 4,
+              f"rank {r}: reduce spans of {total} bytes, one iteration's "
+              f"gradients hold {sum(rows) * 256 * 4}")
+
+
 def device_hooks(comm, xp):
     """Bucket hooks on GPU buckets: the buffer is device memory on the
     bucket's stream; a hook reducing it through the bucket's collectives
@@ -353,6 +406,8 @@ elif MODE == "cupy":
                           f"iteration {it} [{k}]")
             stream.synchronize()
     device_hooks(comm, cp)
+    device_timeline(comm, cp, lambda a, v: a.__setitem__(Ellipsis,
+                                                         cp.asarray(v)))
 
 elif MODE == "one_rank_refused":
     # Only rank 0 passes an array on the other fake device: it raises, and
@@ -429,6 +484,7 @@ else:  # MODE == "emulated"
         mean = sum(e[k] for e in everyone) / np.float32(SIZE)
         check(np.array_equal(xp.asnumpy(g), mean), f"float16 wire [{k}]")
     device_hooks(comm, xp)
+    device_timeline(comm, xp, xp.write)
 
     # float64, which the CUDA packer does not move: the transport scales
     # and divides it, fused (300) or in place (140000: over 1 MiB). Sums of

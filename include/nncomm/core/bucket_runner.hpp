@@ -93,6 +93,11 @@ protected:
   // What start() reads of bucket `index` from here on must be what the
   // framework wrote (ready() was called for it).
   virtual Status follow(size_t index) { return Status::Ok(); }
+  // Bucket `index`, `bucket`, is packed (`staged`) or, reduced where it
+  // lies, about to be: its reduction comes next.
+  virtual Status packed(size_t index, const Bucket &bucket, bool staged) {
+    return Status::Ok();
+  }
 
 private:
   // Where `bucket` is reduced in place (checked first, with `check`), or

@@ -37,13 +37,15 @@ namespace nncomm {
 
 // A rank's rows in the viewer (tid): the engine's iterations as backward
 // sees them (the framework's thread), gradients becoming ready, the engine
-// thread's work, the list collectives, and stall reports.
+// thread's work, the list collectives, stall reports, and what a GPU does
+// for the engine's buckets (device_trace.hpp).
 enum class Track : int {
   kBackward = 1,
   kGradients = 2,
   kEngine = 3,
   kCollectives = 4,
   kStalls = 5,
+  kDevice = 6,
 };
 
 // What an event says in its "args" besides its name; fields left as they
