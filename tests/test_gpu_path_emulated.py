@@ -178,6 +178,22 @@ def test_device_path_chooses_its_transport(transports_over_mpi, fake_libnccl,
     assert "advice" not in out, out
 
 
+# Every rank on fake device 0: auto takes CUDA IPC; where mapping the
+# others' memory fails on one rank, every rank falls back to host memory
+# together, and rank 0 says why.
+@pytest.mark.parametrize("fail,chosen", [(None, "ipc"),
+                                         ("cudaIpcOpenMemHandle", "mpi")])
+def test_auto_takes_ipc_on_one_device_or_falls_back(
+        transports_over_mpi, fake_libnccl, fail, chosen):
+    env = {"NNCOMM_GPU_TRANSPORT": "auto", "TRANSPORTS_ONE_DEVICE": "1",
+           "NNCOMM_NCCL_LIBRARY": fake_libnccl}
+    if fail:
+        env["TRANSPORTS_FAIL_CALL"] = fail
+    out = run(transports_over_mpi, 2, [1, "group"], env)
+    assert f"(group: {chosen})" in out, out
+    assert ("CUDA IPC could not be set up" in out) == bool(fail), out
+
+
 @pytest.mark.parametrize("ranks,library,reason", [
     (2, False, "NCCL could not be loaded (no_such_libnccl.so.2"),
     (3, True, "ranks of this group share a GPU, which NCCL refuses"),
@@ -234,6 +250,9 @@ INJECTED = {"nccl": "unhandled system error (injected)",
          "setting up the group's GPU packer"),
         (2, "group", "nccl", "ncclCommInitRank", 0, 1,
          "creating the NCCL communicator"),
+        (3, "group", "ipc", "cudaIpcOpenMemHandle", 0, 2,
+         "mapping the other ranks' device memory (CUDA IPC; ranks on one "
+         "host whose GPUs can reach each other's memory)"),
         (2, "engine", "mpi", "cudaEventCreateWithFlags", 1, 1,
          "setting up the engine's GPU packer"),
     ])

@@ -76,9 +76,12 @@ enum class Kind { kNccl, kIpc, kStaged };
 
 class CudaDevicePath final : public DevicePath {
 public:
-  CudaDevicePath(Kind kind, const NcclApi *nccl, int device,
+  // `chosen`: the kind is auto's choice, not the user's (an IPC set-up
+  // that fails then falls back to staging).
+  CudaDevicePath(Kind kind, bool chosen, const NcclApi *nccl, int device,
                  std::string advice)
-      : kind_(kind), nccl_(nccl), device_(device), advice_(std::move(advice)) {}
+      : kind_(kind), chosen_(chosen), nccl_(nccl), device_(device),
+        advice_(std::move(advice)) {}
 
   // The rest of Open(): the path's transport over `host` and its packer.
   Status start(std::unique_ptr<MpiTransport> host) {
@@ -142,7 +145,7 @@ private:
   // A device transport of the path's kind over `host`, on its device.
   // Collective; fails on every rank when it fails on one.
   Status transport_over(std::unique_ptr<MpiTransport> host,
-                        std::unique_ptr<DeviceTransport> *out) const {
+                        std::unique_ptr<DeviceTransport> *out) {
     DeviceScope scope;
     const Status entered = scope.enter(device_);
     // The other ranks compare their set-up's outcome with this rank's
@@ -164,15 +167,31 @@ private:
       return Status::Ok();
     }
     std::unique_ptr<IpcTransport> t;
-    NNCOMM_RETURN_IF_ERROR(IpcTransport::Create(std::move(staged), &t));
-    *out = std::move(t);
+    const Status made = IpcTransport::Create(&staged, &t);
+    if (made.ok()) {
+      *out = std::move(t);
+      return Status::Ok();
+    }
+    // Every rank failed alike (fail_together), so every rank falls back
+    // alike, and the path's later transports are staged too.
+    if (!chosen_ || staged == nullptr)
+      return made;
+    kind_ = Kind::kStaged;
+    if (staged->rank() == 0) {
+      advice_ += std::string(advice_.empty() ? "" : "; ") +
+                 "CUDA IPC could not be set up between the group's ranks (" +
+                 made.message() + "), so they communicate through host "
+                 "memory";
+    }
+    *out = std::move(staged);
     return Status::Ok();
   }
 
-  const Kind kind_;
+  Kind kind_;
+  const bool chosen_;
   const NcclApi *const nccl_; // kNccl's
   const int device_;
-  const std::string advice_;
+  std::string advice_;
   CollectiveQueue queue_;
   std::unique_ptr<DeviceTransport> transport_;
   std::unique_ptr<DeviceArrays> memory_; // on transport_
@@ -243,18 +262,21 @@ Status DevicePath::Open(std::unique_ptr<MpiTransport> host, const void *on,
         " (CUDA IPC reaches the memory of one host's GPUs)");
   }
   Kind kind = Kind::kStaged;
-  if (choice == config::GpuTransport::kIpc)
+  bool chosen = false;
+  if (choice == config::GpuTransport::kIpc) {
     kind = Kind::kIpc;
-  else if (choice == config::GpuTransport::kNccl ||
-           (choice == config::GpuTransport::kAuto && !shared &&
-            without_nccl.empty()))
+  } else if (choice == config::GpuTransport::kNccl ||
+             (choice == config::GpuTransport::kAuto && !shared &&
+              without_nccl.empty())) {
     kind = Kind::kNccl;
-  else if (choice == config::GpuTransport::kAuto && one_host &&
-           devices.size() == 1 && size > 1)
+  } else if (choice == config::GpuTransport::kAuto && one_host &&
+             devices.size() == 1 && size > 1) {
     kind = Kind::kIpc;
+    chosen = true;
+  }
   const std::string advice = sharing_advice(all, host->rank(), visible);
   std::unique_ptr<CudaDevicePath> path(new CudaDevicePath(
-      kind, kind == Kind::kNccl ? api : nullptr, device, advice));
+      kind, chosen, kind == Kind::kNccl ? api : nullptr, device, advice));
   NNCOMM_RETURN_IF_ERROR(path->start(std::move(host)));
   *out = std::move(path);
   return Status::Ok();

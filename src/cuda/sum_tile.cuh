@@ -1,6 +1,6 @@
 // One tile of the IPC transport's sum (cuda_ipc_transport.cu): out = the
-// sum over ranks, in rank order, of each rank's elements, scaled as
-// scaling.hpp says (each term multiplied, the sum divided), written for
+// sum over ranks, in rank order, of each rank's elements, each term scaled
+// and the sum divided (scaling.hpp), written for
 // host and device alike so that the CPU-side runtime of
 // tests/cuda_emulation/ runs the same code. Every rank reads the same
 // terms in the same order, so every rank gets the same bits.
@@ -40,14 +40,14 @@ NNCOMM_HD inline double product(double a, double b) {
 }
 
 // Floating dtypes: float64 summed in double, float32 in float, the 16-bit
-// dtypes in float rounded to their own after each step, as the host's
-// reductions are (each rank's term scaled, the sum rounded, then divided
-// and rounded again), so that a transport's sums agree however a caller
-// divides.
+// dtypes in float rounded to their own after each step. As the host's
+// reductions do (mpi_transport.cpp): each rank's term is multiplied by
+// `scale` and rounded, the terms summed, and the sum divided as `after`
+// says (make_scaling(1, divisor)) and rounded again.
 template <typename T>
 NNCOMM_HD inline void sum_floating(const SumSources &src, T *out,
-                                   size_t begin, size_t end, Scaling s,
-                                   Lane lane) {
+                                   size_t begin, size_t end, float scale,
+                                   Scaling after, Lane lane) {
   constexpr bool kWide = std::is_same_v<T, double>;
   using Acc = std::conditional_t<kWide, double, float>;
   const auto rounded = [](Acc v) -> Acc {
@@ -62,13 +62,17 @@ NNCOMM_HD inline void sum_floating(const SumSources &src, T *out,
       const T x = static_cast<const T *>(src.at[r])[i];
       Acc term;
       if constexpr (kWide)
-        term = product(x, Acc(s.multiply));
+        term = x;
       else
-        term = rounded(product(to_float(x), s.multiply));
+        term = to_float(x);
+      if (scale != 1.0f)
+        term = rounded(product(term, Acc(scale)));
       acc = r == 0 ? term : rounded(acc + term);
     }
-    if (s.divide != 1.0f)
-      acc = acc / Acc(s.divide);
+    if (after.multiply != 1.0f)
+      acc = product(acc, Acc(after.multiply));
+    if (after.divide != 1.0f)
+      acc = acc / Acc(after.divide);
     if constexpr (kWide)
       out[i] = acc;
     else
@@ -90,27 +94,27 @@ NNCOMM_HD inline void sum_integers(const SumSources &src, T *out,
 
 // Tile `tile` of `count` elements of `dt`.
 NNCOMM_HD inline void sum_tile(const SumSources &src, void *out, size_t count,
-                               DType dt, Scaling s, uint64_t tile,
-                               Lane lane) {
+                               DType dt, float scale, Scaling after,
+                               uint64_t tile, Lane lane) {
   const size_t begin = tile * kSumTileElements;
   const size_t end =
       begin + kSumTileElements < count ? begin + kSumTileElements : count;
   switch (dt) {
   case DType::kFloat32:
-    sum_floating<float>(src, static_cast<float *>(out), begin, end, s,
-                               lane);
+    sum_floating<float>(src, static_cast<float *>(out), begin, end, scale,
+                        after, lane);
     break;
   case DType::kFloat64:
     sum_floating<double>(src, static_cast<double *>(out), begin, end,
-                                 s, lane);
+                         scale, after, lane);
     break;
   case DType::kFloat16:
     sum_floating<__half>(src, static_cast<__half *>(out), begin, end,
-                                s, lane);
+                         scale, after, lane);
     break;
   case DType::kBFloat16:
-    sum_floating<__nv_bfloat16>(
-        src, static_cast<__nv_bfloat16 *>(out), begin, end, s, lane);
+    sum_floating<__nv_bfloat16>(src, static_cast<__nv_bfloat16 *>(out),
+                                begin, end, scale, after, lane);
     break;
   case DType::kInt32:
     sum_integers(src, static_cast<int32_t *>(out), begin, end, lane);

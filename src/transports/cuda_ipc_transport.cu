@@ -8,8 +8,10 @@
 
 #include "cuda/cuda_calls.hpp"
 #include "cuda/sum_tile.cuh"
+#include "nncomm/core/broken_process.hpp"
 #include "nncomm/core/scaling.hpp"
 #include "nncomm/observability/config.hpp"
+#include "nncomm/transports/join.hpp"
 
 namespace nncomm {
 
@@ -21,8 +23,8 @@ static_assert(IpcTransport::kMaxRanks == kSumMaxSources,
 
 __global__ void __launch_bounds__(kSumThreads)
     sum_kernel(SumSources sources, void *out, size_t count, DType dt,
-               Scaling s) {
-  sum_tile(sources, out, count, dt, s, blockIdx.x,
+               float scale, Scaling after) {
+  sum_tile(sources, out, count, dt, scale, after, blockIdx.x,
            Lane{threadIdx.x, blockDim.x});
 }
 
@@ -40,12 +42,20 @@ struct IpcTransport::Slots {
   cudaEvent_t filled = nullptr;
   uint64_t chunks = 0; // gone through the slots: the next one's slot
 
+  bool exported = false; // another process may have mapped `own`
+
+  // The caller has made this rank's reads of the others' slots complete.
+  // CUDA leaves freeing memory that another process still maps undefined,
+  // and no rank can tell, without a round the others may not be there
+  // for, when the others' last reads of this rank's slots completed: an
+  // exported allocation is kept until the process ends.
   ~Slots() {
     for (size_t r = 0; r < bases.size(); ++r) {
       if (bases[r] != nullptr && bases[r] != own)
         cudaIpcCloseMemHandle(bases[r]);
     }
-    cudaFree(own);
+    if (!exported)
+      cudaFree(own);
     if (filled != nullptr)
       cudaEventDestroy(filled);
   }
@@ -74,9 +84,32 @@ public:
       : t_(t), name_(std::move(name)), chunks_(chunks), fill_(std::move(fill)),
         use_(std::move(use)) {}
 
-  Status begin() { return chunks_ == 0 ? Status::Ok() : fill(); }
+  Status begin() { return broken_if(chunks_ == 0 ? Status::Ok() : fill()); }
 
-  Status test(bool *done) override {
+  Status test(bool *done) override { return broken_if(step(done)); }
+
+  Stall inspect() override { return meeting_ ? meeting_->inspect() : Stall(); }
+
+  std::string describe() const override {
+    std::string what = "the CUDA IPC " + name_ + ", chunk " +
+                       std::to_string(next_ + 1) + " of " +
+                       std::to_string(chunks_);
+    if (meeting_)
+      return what + " (" + meeting_->describe() + ")";
+    return what + " (its copy into device memory)";
+  }
+
+private:
+  // A rank whose operation failed half-way has advanced its slots, and the
+  // others may be in its chunk's barrier: no later operation may pair with
+  // theirs.
+  Status broken_if(Status s) const {
+    if (!s.ok())
+      mark_broken("the CUDA IPC " + name_ + " failed: " + s.message(), false);
+    return s;
+  }
+
+  Status step(bool *done) {
     *done = false;
     while (next_ < chunks_) {
       if (!meeting_) {
@@ -101,18 +134,6 @@ public:
     return Status::Ok();
   }
 
-  Stall inspect() override { return meeting_ ? meeting_->inspect() : Stall(); }
-
-  std::string describe() const override {
-    std::string what = "the CUDA IPC " + name_ + ", chunk " +
-                       std::to_string(next_ + 1) + " of " +
-                       std::to_string(chunks_);
-    if (meeting_)
-      return what + " (" + meeting_->describe() + ")";
-    return what + " (its copy into device memory)";
-  }
-
-private:
   Status fill() {
     DeviceScope scope;
     NNCOMM_RETURN_IF_ERROR(scope.enter(t_.device()));
@@ -140,8 +161,9 @@ IpcTransport::~IpcTransport() {
     cudaStreamSynchronize(static_cast<cudaStream_t>(staged_->stream()));
 }
 
-Status IpcTransport::Create(std::unique_ptr<StagedTransport> staged,
+Status IpcTransport::Create(std::unique_ptr<StagedTransport> *over,
                             std::unique_ptr<IpcTransport> *out) {
+  StagedTransport *staged = over->get();
   const int ranks = staged->size();
   if (ranks > kMaxRanks) {
     return Status::InvalidArgument(
@@ -158,6 +180,7 @@ Status IpcTransport::Create(std::unique_ptr<StagedTransport> staged,
     NNCOMM_CUDA_CALL(cudaMalloc, reinterpret_cast<void **>(&slots->own),
                      2 * slots->bytes);
     NNCOMM_CUDA_CALL(cudaIpcGetMemHandle, &mine, slots->own);
+    slots->exported = true;
     NNCOMM_CUDA_CALL(cudaEventCreateWithFlags, &slots->filled,
                      cudaEventDisableTiming);
     return Status::Ok();
@@ -186,7 +209,7 @@ Status IpcTransport::Create(std::unique_ptr<StagedTransport> staged,
       *staged, opened,
       "mapping the other ranks' device memory (CUDA IPC; ranks on one "
       "host whose GPUs can reach each other's memory)"));
-  out->reset(new IpcTransport(std::move(staged), std::move(slots)));
+  out->reset(new IpcTransport(std::move(*over), std::move(slots)));
   return Status::Ok();
 }
 
@@ -208,12 +231,14 @@ Status copy(void *dst, const void *src, size_t bytes, CudaStream stream) {
   return Status::Ok();
 }
 
+// out = (sum over ranks of sources * scale) / divisor, as the host's.
 Status sum(const SumSources &sources, void *out, size_t count, DType dt,
-           Scaling s, CudaStream stream) {
+           float scale, int divisor, CudaStream stream) {
   const unsigned blocks =
       static_cast<unsigned>(chunks_of(count, kSumTileElements));
   SumSources in = sources;
-  void *args[] = {&in, &out, &count, &dt, &s};
+  Scaling after = make_scaling(1.0f, divisor);
+  void *args[] = {&in, &out, &count, &dt, &scale, &after};
   NNCOMM_CUDA_CALL(cudaLaunchKernel, reinterpret_cast<const void *>(&sum_kernel),
                    dim3(blocks), dim3(kSumThreads), args, 0,
                    static_cast<cudaStream_t>(stream));
@@ -232,7 +257,9 @@ Status IpcTransport::start(std::string name, size_t chunks, Step fill,
 }
 
 bool IpcTransport::staged(size_t bytes) const {
-  return bytes < config::ipc_min_bytes();
+  // Inside comm.join() the ranks that left take part in each operation by
+  // its MPI calls (join.hpp), which an IPC operation does not describe.
+  return Join::open() || bytes < config::ipc_min_bytes();
 }
 
 Status IpcTransport::start_allreduce(void *buf, size_t count, DType dt,
@@ -240,21 +267,20 @@ Status IpcTransport::start_allreduce(void *buf, size_t count, DType dt,
                                      WorkPtr *work) {
   if (staged(count * dtype_size(dt)))
     return staged_->start_allreduce(buf, count, dt, scale, divisor, work);
-  return start_sum("all_reduce", buf, count, dt,
-                   make_scaling(scale, divisor), true, work);
+  return start_sum("all_reduce", buf, count, dt, scale, divisor, true, work);
 }
 
 Status IpcTransport::start_reduce(void *buf, size_t count, DType dt, int root,
                                   int divisor, WorkPtr *work) {
   if (staged(count * dtype_size(dt)))
     return staged_->start_reduce(buf, count, dt, root, divisor, work);
-  return start_sum("reduce", buf, count, dt, make_scaling(1.0f, divisor),
-                   rank() == root, work);
+  return start_sum("reduce", buf, count, dt, 1.0f, divisor, rank() == root,
+                   work);
 }
 
 Status IpcTransport::start_sum(std::string name, void *buf, size_t count,
-                               DType dt, Scaling scaling, bool receives,
-                               WorkPtr *work) {
+                               DType dt, float scale, int divisor,
+                               bool receives, WorkPtr *work) {
   const size_t size = dtype_size(dt);
   const size_t per = slots_->bytes / size;
   char *data = static_cast<char *>(buf);
@@ -270,7 +296,7 @@ Status IpcTransport::start_sum(std::string name, void *buf, size_t count,
         if (!receives)
           return Status::Ok();
         return sum(slots.sources(k, 0), data + i * per * size,
-                   chunk_count(i, per, count), dt, scaling, s);
+                   chunk_count(i, per, count), dt, scale, divisor, s);
       },
       work);
 }
@@ -347,7 +373,6 @@ Status IpcTransport::start_reduce_scatter(const void *send, void *recv,
   char *to = static_cast<char *>(recv);
   const Slots &slots = *slots_;
   const CudaStream s = stream();
-  const Scaling scaling = make_scaling(1.0f, divisor);
   const int me = rank();
   return start(
       "reduce_scatter", chunks_of(count, per),
@@ -363,7 +388,7 @@ Status IpcTransport::start_reduce_scatter(const void *send, void *recv,
       [=, &slots](size_t i, uint64_t k) {
         const size_t n = chunk_count(i, per, count);
         return sum(slots.sources(k, me * n * size), to + i * per * size, n,
-                   dt, scaling, s);
+                   dt, 1.0f, divisor, s);
       },
       work);
 }

@@ -62,7 +62,7 @@ std::string pack_kernel_name(bool words, bool check) {
 
 const char kSumKernel[] =
     "nncomm::(anonymous namespace)::sum_kernel(nncomm::SumSources, void*, "
-    "unsigned long, nncomm::DType, nncomm::Scaling)";
+    "unsigned long, nncomm::DType, float, nncomm::Scaling)";
 
 const char kFiniteKernel[] =
     "nncomm::(anonymous namespace)::finite_kernel(void const*, unsigned "
@@ -524,7 +524,7 @@ cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t handle,
                                  unsigned) {
   Call call;
   if (rt().fail("cudaIpcOpenMemHandle"))
-    return cudaErrorInvalidValue;
+    return cudaErrorMemoryAllocation;
   IpcName name;
   std::memcpy(&name, &handle, sizeof name);
   if (name.pid == getpid())
@@ -734,7 +734,8 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block,
     auto out = *static_cast<void *const *>(args[1]);
     auto count = *static_cast<const size_t *>(args[2]);
     auto dt = *static_cast<const nncomm::DType *>(args[3]);
-    auto scaling = *static_cast<const nncomm::Scaling *>(args[4]);
+    auto scale = *static_cast<const float *>(args[4]);
+    auto after = *static_cast<const nncomm::Scaling *>(args[5]);
     const size_t bytes = count * nncomm::dtype_size(dt);
     OpPtr op = std::make_shared<Op>();
     for (int k = 0; k < sources.count; ++k) {
@@ -755,7 +756,7 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block,
     op->work = [=] {
       for (unsigned b = 0; b < grid.x; ++b) {
         for (unsigned t = 0; t < block.x; ++t)
-          nncomm::sum_tile(sources, out, count, dt, scaling, b,
+          nncomm::sum_tile(sources, out, count, dt, scale, after, b,
                            nncomm::Lane{t, block.x});
       }
     };

@@ -312,6 +312,36 @@ void check_dtype(DeviceTransport &t, DType dt, size_t n) {
   check_blocks(t, dt, n, name);
 }
 
+// Two ranks sum in one order whatever the transport, so the IPC
+// transport's all-reduce must equal the staged one's (`reference`) bit for
+// bit, with terms whose scaled values round (float16's subnormals, sums
+// past its largest value) and divisors folded into the scale (2) or not
+// (3): the host's rounding order, not only its results on exact values.
+void check_same_as(DeviceTransport &t, DeviceTransport &reference) {
+  const size_t n = 5000;
+  for (DType dt : {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
+    std::vector<double> mine(n);
+    for (size_t i = 0; i < n; ++i) {
+      mine[i] = i % 101 == 0 ? 65000.0 - 1000.0 * rank
+                             : ((rank + 1) * double(i % 97) - 48) * 1e-6;
+    }
+    for (int divisor : {2, 3}) {
+      DeviceArray a(n, dt), b(n, dt);
+      a.write(mine);
+      b.write(mine);
+      run(t, "allreduce", [&](WorkPtr *w) {
+        return t.start_allreduce(a.device, n, dt, 0.5f, divisor, w);
+      });
+      run(reference, "allreduce", [&](WorkPtr *w) {
+        return reference.start_allreduce(b.device, n, dt, 0.5f, divisor, w);
+      });
+      expect(a.read(), b.read(),
+             "dtype " + std::to_string(int(dt)) + ", divisor " +
+                 std::to_string(divisor) + ": IPC against staged");
+    }
+  }
+}
+
 // The list collectives (collectives.hpp) on device memory: fused and direct
 // arrays of several dtypes (NNCOMM_DIRECT_BYTES is set to 4096 by the
 // test), arrays still zeroing (null) on some ranks or on all, each root.
@@ -809,8 +839,16 @@ int main(int argc, char **argv) {
   // A setting the test gives must not fall back to its default unseen.
   ok(config::validate(), "the NNCOMM_* settings");
   // Two ranks share each fake device (as ranks share a GPU for the staged
-  // transport, where NCCL would refuse them: the fake does not).
-  cuda(cudaSetDevice(rank % 2), "cudaSetDevice");
+  // transport, where NCCL would refuse them: the fake does not), or, with
+  // TRANSPORTS_ONE_DEVICE set, every rank device 0. TRANSPORTS_FAIL_CALL:
+  // that fake runtime call fails on rank 1 (group mode: a set-up that
+  // falls back).
+  cuda(cudaSetDevice(std::getenv("TRANSPORTS_ONE_DEVICE") ? 0 : rank % 2),
+       "cudaSetDevice");
+  if (const char *call = std::getenv("TRANSPORTS_FAIL_CALL")) {
+    if (rank == 1)
+      nncomm_fake_fail(call, 0);
+  }
   std::string chosen = kind;
   if (kind == "group") {
     chosen = check_group();
@@ -833,9 +871,18 @@ int main(int argc, char **argv) {
          "StagedTransport::Create");
       if (kind == "ipc") {
         std::unique_ptr<IpcTransport> ipc;
-        ok(IpcTransport::Create(std::move(staged), &ipc),
+        ok(IpcTransport::Create(&staged, &ipc),
            "IpcTransport::Create");
         t = std::move(ipc);
+        if (ranks == 2) {
+          std::unique_ptr<MpiTransport> other;
+          ok(MpiTransport::Create(MPI_COMM_WORLD, &other),
+             "MpiTransport::Create");
+          std::unique_ptr<StagedTransport> reference;
+          ok(StagedTransport::Create(std::move(other), &reference),
+             "StagedTransport::Create");
+          check_same_as(*t, *reference);
+        }
       } else {
         t = std::move(staged);
       }

@@ -8,20 +8,21 @@
 // copies) into its own result. A slot is written again two chunks later,
 // after a barrier that every rank enters only once its reads of that slot
 // have completed: completion is established on the host, never by events
-// shared between processes.
+// shared between processes. A rank's exported slots are kept until the
+// process ends (see Slots in the .cu file).
 //
 // Sums run in rank order, rounded as the host's (sum_tile.cuh), so every
 // rank gets the same bits. all_reduce, reduce, bcast, all_gather and
 // reduce_scatter of at least config::ipc_min_bytes() go through the slots;
-// smaller ones and the others, through the host-staged transport it is made
-// over, on the same stream.
+// smaller ones, every one inside comm.join() (whose ranks that left follow
+// the others' MPI calls) and the others, through the host-staged transport
+// it is made over, on the same stream.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <string>
 
-#include "nncomm/core/scaling.hpp"
 #include "nncomm/transports/staged_transport.hpp"
 
 namespace nncomm {
@@ -31,9 +32,11 @@ public:
   // The most ranks one transport serves.
   static constexpr int kMaxRanks = 8;
 
-  // A transport over `staged`'s ranks (at most kMaxRanks, on this host).
-  // Collective; fails on every rank when it fails on one.
-  static Status Create(std::unique_ptr<StagedTransport> staged,
+  // A transport over `*staged`'s ranks (at most kMaxRanks, on this host),
+  // which it takes over; on failure `*staged` is left as it was (for the
+  // caller to fall back on). Collective; fails on every rank when it fails
+  // on one.
+  static Status Create(std::unique_ptr<StagedTransport> *staged,
                        std::unique_ptr<IpcTransport> *out);
   ~IpcTransport() override;
   IpcTransport(const IpcTransport &) = delete;
@@ -83,12 +86,13 @@ private:
   // (fill), or its reads of every rank's (use).
   using Step = std::function<Status(size_t chunk, uint64_t slot)>;
   // Whether an operation whose largest buffer holds `bytes` goes through
-  // host memory (config::ipc_min_bytes()).
+  // host memory (config::ipc_min_bytes(), and every one inside
+  // comm.join()).
   bool staged(size_t bytes) const;
   // Starts the sum of every rank's `buf` into this rank's `buf` where it
   // `receives` (all_reduce: every rank; reduce: the root).
   Status start_sum(std::string name, void *buf, size_t count, DType dt,
-                   Scaling scaling, bool receives, WorkPtr *work);
+                   float scale, int divisor, bool receives, WorkPtr *work);
   // Starts an operation of `chunks` chunks.
   Status start(std::string name, size_t chunks, Step fill, Step use,
                WorkPtr *work);
