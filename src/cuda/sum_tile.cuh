@@ -80,15 +80,18 @@ NNCOMM_HD inline void sum_floating(const SumSources &src, T *out,
   }
 }
 
-// Integer dtypes are only summed (Transport: scale 1, divisor 1).
+// Integer dtypes are only summed (Transport: scale 1, divisor 1), wrapping
+// on overflow as MPI's sums do (unsigned arithmetic: no undefined
+// behaviour in the host's copy).
 template <typename T>
 NNCOMM_HD inline void sum_integers(const SumSources &src, T *out,
                                    size_t begin, size_t end, Lane lane) {
+  using U = std::make_unsigned_t<T>;
   for (size_t i = begin + lane.thread; i < end; i += lane.threads) {
-    T acc = 0;
+    U acc = 0;
     for (int r = 0; r < src.count; ++r)
-      acc += static_cast<const T *>(src.at[r])[i];
-    out[i] = acc;
+      acc += static_cast<U>(static_cast<const T *>(src.at[r])[i]);
+    out[i] = static_cast<T>(acc);
   }
 }
 

@@ -97,7 +97,8 @@ struct Allocation {
 struct IpcName {
   pid_t pid;
   int fd;
-  size_t bytes;
+  size_t bytes;  // asked for: what the importer may touch
+  size_t mapped; // the whole mapping
 };
 static_assert(sizeof(IpcName) <= sizeof(cudaIpcMemHandle_t), "fits");
 
@@ -515,7 +516,8 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *p) {
       it->second.imported)
     return cudaErrorInvalidValue;
   std::memset(handle, 0, sizeof *handle);
-  const IpcName name{getpid(), it->second.fd, it->second.mapped};
+  const IpcName name{getpid(), it->second.fd, it->second.bytes,
+                     it->second.mapped};
   std::memcpy(handle, &name, sizeof name);
   return cudaSuccess;
 }
@@ -534,13 +536,13 @@ cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t handle,
   const int fd = open(path.c_str(), O_RDWR);
   if (fd < 0)
     return cudaErrorInvalidValue;
-  void *m = mmap(nullptr, name.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                 0);
+  void *m = mmap(nullptr, name.mapped, PROT_READ | PROT_WRITE, MAP_SHARED,
+                 fd, 0);
   close(fd);
   if (m == MAP_FAILED)
     return cudaErrorMemoryAllocation;
   Allocation a{name.bytes, current_device};
-  a.mapped = name.bytes;
+  a.mapped = name.mapped;
   a.imported = true;
   rt().allocations[static_cast<char *>(m)] = a;
   *p = m;
