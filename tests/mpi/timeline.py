@@ -45,7 +45,7 @@ PRIORITY_ITERATIONS = 2  # priority="forward": its own plan
 GRADIENTS = 6            # the MLP's weights and biases
 GROUP = "reversed"
 TRACKS = {1: "backward", 2: "gradients", 3: "engine", 4: "collectives",
-          5: "stalls"}
+          5: "stalls", 6: "device"}
 # The engine's events follow one another; their times are printed to
 # 1 ns.
 ROUNDING = 0.002
