@@ -226,10 +226,11 @@ Status DevicePath::Open(std::unique_ptr<MpiTransport> host, const void *on,
   NNCOMM_RETURN_IF_ERROR(
       host->allgather(mine, all.data(), kFields, DType::kInt64));
   NNCOMM_RETURN_IF_ERROR(here);
-  std::set<int64_t> devices;
+  std::set<int64_t> devices, hosts;
   std::vector<int> without_nccl, without_device;
   for (int r = 0; r < size; ++r) {
     devices.insert(all[kFields * r + kDevice]);
+    hosts.insert(all[kFields * r + kHost]);
     if (all[kFields * r + kNccl] == 0)
       without_nccl.push_back(r);
     if (all[kFields * r + kHasDevice] == 0)
@@ -250,9 +251,6 @@ Status DevicePath::Open(std::unique_ptr<MpiTransport> host, const void *on,
                : "NNCOMM_GPU_TRANSPORT=nccl, but NCCL could not be loaded "
                  "on group ranks " + rank_list(without_nccl));
   }
-  std::set<int64_t> hosts;
-  for (int r = 0; r < size; ++r)
-    hosts.insert(all[kFields * r + kHost]);
   const bool one_host = hosts.size() == 1 && size <= IpcTransport::kMaxRanks;
   if (choice == config::GpuTransport::kIpc && !one_host) {
     return Status::InvalidArgument(

@@ -50,12 +50,12 @@ Status DeviceTrace::mark(size_t index, Point point, CudaStream stream) {
   NNCOMM_RETURN_IF_ERROR(scope.enter(device_));
   if (closed_)
     NNCOMM_RETURN_IF_ERROR(flush());
-  if (!anchored_) {
-    // On an idle stream the event is reached as soon as it is recorded.
+  if (order_.empty()) {
+    // The iteration's first point. On an idle stream the event is reached
+    // as soon as it is recorded.
     anchor_host_ = std::chrono::steady_clock::now();
     NNCOMM_CUDA_CALL(cudaEventRecord, event(anchor_),
                      static_cast<cudaStream_t>(anchor_stream_));
-    anchored_ = true;
   }
   if (index >= buckets_.size())
     buckets_.resize(index + 1);
@@ -87,9 +87,6 @@ void DeviceTrace::describe(size_t index, size_t count, DType dtype,
 
 Status DeviceTrace::flush() {
   closed_ = false;
-  if (!anchored_)
-    return Status::Ok();
-  anchored_ = false;
   // Each span: its name, its first and last point, whether a bucket
   // reduced where it lies has it.
   struct Span {

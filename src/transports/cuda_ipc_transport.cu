@@ -79,9 +79,9 @@ struct IpcTransport::Slots {
 // enqueues the reads of every rank's slot into this rank's result.
 class IpcTransport::Chunked : public Work {
 public:
-  Chunked(IpcTransport &t, std::string name, size_t chunks, Step fill,
+  Chunked(IpcTransport &t, const char *name, size_t chunks, Step fill,
           Step use)
-      : t_(t), name_(std::move(name)), chunks_(chunks), fill_(std::move(fill)),
+      : t_(t), name_(name), chunks_(chunks), fill_(std::move(fill)),
         use_(std::move(use)) {}
 
   Status begin() { return broken_if(chunks_ == 0 ? Status::Ok() : fill()); }
@@ -91,7 +91,7 @@ public:
   Stall inspect() override { return meeting_ ? meeting_->inspect() : Stall(); }
 
   std::string describe() const override {
-    std::string what = "the CUDA IPC " + name_ + ", chunk " +
+    std::string what = std::string("the CUDA IPC ") + name_ + ", chunk " +
                        std::to_string(next_ + 1) + " of " +
                        std::to_string(chunks_);
     if (meeting_)
@@ -105,7 +105,9 @@ private:
   // theirs.
   Status broken_if(Status s) const {
     if (!s.ok())
-      mark_broken("the CUDA IPC " + name_ + " failed: " + s.message(), false);
+      mark_broken(std::string("the CUDA IPC ") + name_ + " failed: " +
+                      s.message(),
+                  false);
     return s;
   }
 
@@ -144,7 +146,7 @@ private:
   }
 
   IpcTransport &t_;
-  const std::string name_;
+  const char *const name_; // a literal
   const size_t chunks_;
   const Step fill_, use_;
   size_t next_ = 0;
@@ -247,10 +249,10 @@ Status sum(const SumSources &sources, void *out, size_t count, DType dt,
 
 } // namespace
 
-Status IpcTransport::start(std::string name, size_t chunks, Step fill,
+Status IpcTransport::start(const char *name, size_t chunks, Step fill,
                            Step use, WorkPtr *work) {
-  std::unique_ptr<Chunked> chunked(new Chunked(
-      *this, std::move(name), chunks, std::move(fill), std::move(use)));
+  std::unique_ptr<Chunked> chunked(
+      new Chunked(*this, name, chunks, std::move(fill), std::move(use)));
   NNCOMM_RETURN_IF_ERROR(chunked->begin());
   *work = std::move(chunked);
   return Status::Ok();
@@ -278,7 +280,7 @@ Status IpcTransport::start_reduce(void *buf, size_t count, DType dt, int root,
                    work);
 }
 
-Status IpcTransport::start_sum(std::string name, void *buf, size_t count,
+Status IpcTransport::start_sum(const char *name, void *buf, size_t count,
                                DType dt, float scale, int divisor,
                                bool receives, WorkPtr *work) {
   const size_t size = dtype_size(dt);
@@ -287,7 +289,7 @@ Status IpcTransport::start_sum(std::string name, void *buf, size_t count,
   const Slots &slots = *slots_;
   const CudaStream s = stream();
   return start(
-      std::move(name), chunks_of(count, per),
+      name, chunks_of(count, per),
       [=, &slots](size_t i, uint64_t k) {
         return copy(slots.slot(slots.rank, k), data + i * per * size,
                     chunk_count(i, per, count) * size, s);

@@ -57,10 +57,11 @@ private:
   CudaStream anchor_stream_ = nullptr;
   CudaEvent anchor_ = nullptr;
   std::chrono::steady_clock::time_point anchor_host_;
-  bool anchored_ = false; // an iteration's points are recorded
   bool closed_ = false;
   std::vector<Bucket> buckets_; // by index
-  std::vector<size_t> order_;   // the buckets marked, in order
+  // The buckets marked since the anchor, in order (a bucket's first point
+  // is kReached).
+  std::vector<size_t> order_;
 };
 
 } // namespace nncomm

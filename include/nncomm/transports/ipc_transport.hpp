@@ -21,7 +21,6 @@
 
 #include <functional>
 #include <memory>
-#include <string>
 
 #include "nncomm/transports/staged_transport.hpp"
 
@@ -91,10 +90,10 @@ private:
   bool staged(size_t bytes) const;
   // Starts the sum of every rank's `buf` into this rank's `buf` where it
   // `receives` (all_reduce: every rank; reduce: the root).
-  Status start_sum(std::string name, void *buf, size_t count, DType dt,
+  Status start_sum(const char *name, void *buf, size_t count, DType dt,
                    float scale, int divisor, bool receives, WorkPtr *work);
-  // Starts an operation of `chunks` chunks.
-  Status start(std::string name, size_t chunks, Step fill, Step use,
+  // Starts an operation of `chunks` chunks; `name`: a literal.
+  Status start(const char *name, size_t chunks, Step fill, Step use,
                WorkPtr *work);
   IpcTransport(std::unique_ptr<StagedTransport> staged,
                std::unique_ptr<Slots> slots);
