@@ -1,4 +1,4 @@
-"""Builds nncomm: the Python package in python/ and two compiled modules from
+"""Builds nncomm: the Python package in python/ and its compiled modules from
 the Cython in pyx/ and the C++/CUDA in src/ and include/:
 
 - ``nncomm._nncomm``, the communicator, compiled and linked against the MPI
@@ -12,7 +12,8 @@ the Cython in pyx/ and the C++/CUDA in src/ and include/:
 - ``nncomm.packing``, the bucket packing kernels, which need neither MPI nor
   nnabla.
 - ``nncomm._quantize``, the quantized gradients' encoding and decoding on
-  host memory, which needs neither MPI nor nnabla either.
+  host memory, and ``nncomm._low_rank``, PowerSGD's passes over host
+  gradients, which need neither MPI nor nnabla either.
 
 The CUDA halves (.cu) are compiled with ``nvcc`` when nvcc is on PATH (or
 under ``CUDA_HOME``); ``NNCOMM_CUDA=1`` makes a missing nvcc an error,
@@ -134,8 +135,10 @@ def gencode_flags():
 # cythonize() rebuilds the Extension objects it is given.
 CUDA_SOURCES = {}
 
-# nncomm._quantize's own source, left out of the communicator's.
+# The compression modules' own sources (nncomm._quantize, nncomm._low_rank),
+# left out of the communicator's.
 QUANTIZE_SOURCE = os.path.join("src", "compression", "quantize.cpp")
+LOW_RANK_SOURCE = os.path.join("src", "compression", "low_rank.cpp")
 
 # What an extension is rebuilt after besides its sources: setuptools looks
 # at no headers, and knows nothing of the .cu objects BuildExt links in.
@@ -248,7 +251,7 @@ def communicator_extension():
     mpi = mpi_build_flags()
     sources = [s for s in sorted(glob.glob("src/**/*.cpp", recursive=True))
                if not os.path.basename(s).startswith("cuda_")
-               and s != QUANTIZE_SOURCE]
+               and s not in (QUANTIZE_SOURCE, LOW_RANK_SOURCE)]
     return extension(
         "nncomm._nncomm", ["pyx/_nncomm.pyx"] + sources,
         sorted(glob.glob("src/**/*.cu", recursive=True)),
@@ -273,7 +276,12 @@ def quantize_extension():
                      ["pyx/_quantize.pyx", QUANTIZE_SOURCE], [], [])
 
 
-extensions = [packing_extension(), quantize_extension()]
+def low_rank_extension():
+    return extension("nncomm._low_rank",
+                     ["pyx/_low_rank.pyx", LOW_RANK_SOURCE], [], [])
+
+
+extensions = [packing_extension(), quantize_extension(), low_rank_extension()]
 if env_switch("NNCOMM_MPI") is not False:
     extensions.insert(0, communicator_extension())
 

@@ -73,7 +73,7 @@ def test_cpu_only_build_without_mpi(tmp_path):
     assert build.returncode == 0, build.stderr[-3000:]
     assert "nvcc" not in build.stdout
     built = os.listdir(tmp_path / "python" / "nncomm")
-    for module in ("packing.", "_quantize."):
+    for module in ("packing.", "_quantize.", "_low_rank."):
         assert any(n.startswith(module) and n.endswith(".so")
                    for n in built), built
     assert not any(n.startswith("_nncomm.") for n in built), built
@@ -81,8 +81,9 @@ def test_cpu_only_build_without_mpi(tmp_path):
         "import sys\n"
         "for name in ('nnabla', 'mpi4py'):\n"
         "    sys.modules[name] = None\n"
-        "from nncomm import _quantize, packing\n"
+        "from nncomm import _low_rank, _quantize, packing\n"
         "assert _quantize.matrix((3, 4, 5)) == (3, 20)\n"
+        "assert callable(_low_rank.project)\n"
         "assert not packing.cuda_built\n"
         "try:\n"
         "    packing.CudaPacker()\n"

@@ -5,6 +5,8 @@ dtypes, and PowerSGD (Vogels et al., NeurIPS 2019), as PyTorch DDP's
 On GPU buckets they work on the device through CuPy."""
 import numpy as np
 
+from nncomm import _low_rank
+
 F32 = np.float32
 
 
@@ -65,14 +67,35 @@ def bf16_compress(bucket):
 
 class _Matrix:
     """A gradient of a bucket reduced as two low-rank factors: its place in
-    the flat buffer (`offset`, n x m elements) and its Q, kept between
-    iterations."""
+    the flat buffer (`offset`, n x m elements), the Q^T (r x m) its next
+    iteration starts from, and the last estimate's factors, kept between
+    iterations: P (n x r, with error feedback only) and the summed Q^T
+    (the start itself with a warm start); None before the first."""
 
-    def __init__(self, offset, n, m, q):
+    def __init__(self, offset, n, m, qt):
         self.offset = offset
         self.n = n
         self.m = m
-        self.q = q
+        self.qt = qt
+        self.p_last = None
+        self.qt_last = None
+
+    def last(self):
+        """The last estimate's P and Q^T, or (None, None): none, or no
+        error feedback to subtract it from."""
+        if self.p_last is None:
+            return None, None
+        return self.p_last, self.qt_last
+
+    def keep(self, p, qt, error_feedback, warm_start):
+        """Keeps this iteration's factors (P orthonormal, Q^T summed)."""
+        if self.qt_last is None:
+            self.qt_last = self.qt if warm_start else qt.copy()
+            if error_feedback:
+                self.p_last = p.copy()
+        if self.p_last is not None:
+            self.p_last[...] = p
+        self.qt_last[...] = qt
 
 
 def _rows(g):
@@ -88,16 +111,55 @@ def _rows(g):
     return g.offset + first * m - g.start, n, m
 
 
+class _ArrayPasses:
+    """PowerSGD's passes (include/nncomm/compression/low_rank.hpp) as array
+    operations of `xp`: for GPU buckets (CuPy) and 16-bit host ones. Float32
+    host buckets take nncomm._low_rank's, which do each in one sweep. The
+    first pass may leave anything in `gradient`: the third writes it."""
+
+    def __init__(self, xp):
+        self.xp = xp
+
+    def project(self, gradient, kept, p_last, qt_last, scale, qt, p):
+        source = gradient
+        if kept is not None:
+            kept += gradient
+            if p_last is not None:
+                self.xp.matmul(p_last * scale, qt_last, out=gradient)
+                kept -= gradient
+            source = kept
+        self.xp.matmul(source, qt.T, out=p)
+
+    def back_project(self, gradient, kept, p, qt):
+        self.xp.matmul(p.T, gradient if kept is None else kept, out=qt)
+
+    def expand(self, gradient, p, qt):
+        self.xp.matmul(p, qt, out=gradient)
+
+
 class _BucketState:
     """What PowerSGD keeps of one bucket: its matrices, the elements sent
-    densely, the residual of error feedback (None without it), and the
-    array module they are arrays of (numpy, or CuPy on a device)."""
+    densely, M per matrix (in a buffer of the bucket's shape; None without
+    error feedback), the array module they are arrays of (numpy, or CuPy on
+    a device), the passes that compute on them, and the ranks' count."""
 
-    def __init__(self, matrices, dense, residual, xp):
+    def __init__(self, matrices, dense, kept, xp, passes, size):
         self.matrices = matrices
         self.dense = dense  # indices into the flat buffer
-        self.residual = residual
+        self.kept = kept
         self.xp = xp
+        self.passes = passes
+        self.size = size
+
+    def residual(self):
+        """What compression left out of this rank's gradients, for the next
+        iteration: M - P Q^T / size per matrix."""
+        residual = self.xp.zeros_like(self.kept)
+        for x in self.matrices:
+            region = slice(x.offset, x.offset + x.n * x.m)
+            estimate = (x.p_last @ x.qt_last).reshape(-1) / self.size
+            residual[region] = self.kept[region] - estimate
+        return residual
 
 
 class PowerSGD:
@@ -120,9 +182,14 @@ class PowerSGD:
     densely, as without a hook. On GPU buckets it computes on the device
     with CuPy (Q drawn on the host from the same seed).
 
-    Its state (Q and the residual per bucket) is allocated at a bucket's
-    first compressed iteration and reused; one hook object serves one
-    reduction (a callback, reducer or solver) of one set of gradients.
+    On float32 host buckets the passes over M run in C++ without the GIL,
+    three per iteration (M kept instead of the residual: see
+    include/nncomm/compression/low_rank.hpp).
+
+    Its state (Q, and M and P with error feedback, per bucket) is
+    allocated at a bucket's first compressed iteration and reused; one hook
+    object serves one reduction (a callback, reducer or solver) of one set
+    of gradients.
 
     Args:
         rank (int): r, the factors' rank: bytes per matrix (n + m) r
@@ -188,7 +255,8 @@ class PowerSGD:
         """
         for (i, _), kept in self._buckets.items():
             if i == index:
-                return [m.q for m in kept.matrices], kept.residual
+                residual = None if kept.kept is None else kept.residual()
+                return [m.qt_last.T for m in kept.matrices], residual
         return None
 
     def _state(self, bucket):
@@ -200,15 +268,20 @@ class PowerSGD:
             self._buckets[key] = kept
         elif not self.warm_start:
             for m in kept.matrices:
-                m.q[...] = kept.xp.asarray(self._draw(m.q.shape, m.q.dtype))
+                m.qt[...] = kept.xp.asarray(self._draw_t(m.qt.shape,
+                                                         m.qt.dtype))
         return kept
 
-    def _draw(self, shape, dtype):
-        return self._rng.standard_normal(shape).astype(dtype)
+    def _draw_t(self, shape, dtype):
+        """A random Q^T of `shape` (r x m): drawn as Q (m x r), so that the
+        seed gives the same Q whichever layout keeps it."""
+        return self._rng.standard_normal(shape[::-1]).astype(dtype).T
 
     def _new_state(self, bucket):
         xp = _array_module(bucket, "PowerSGD")
         dtype = np.dtype(bucket.buffer.dtype)
+        passes = _low_rank if xp is np and dtype == F32 \
+            else _ArrayPasses(xp)
         matrices = []
         dense = []
         for g in bucket.gradients:
@@ -216,59 +289,61 @@ class PowerSGD:
             r = min(self.rank, n, m)
             end = begin + n * m
             if r and n * m >= self.min_compression_rate * (n + m) * r:
-                q = xp.asarray(self._draw((m, r), dtype))
-                matrices.append(_Matrix(begin, n, m, q))
+                qt = xp.ascontiguousarray(xp.asarray(
+                    self._draw_t((r, m), dtype)))
+                matrices.append(_Matrix(begin, n, m, qt))
                 dense += [np.arange(g.offset, begin),
                           np.arange(end, g.offset + g.count)]
             else:
                 dense.append(np.arange(g.offset, g.offset + g.count))
         dense = np.concatenate(dense) if dense else np.zeros(0, np.int64)
-        residual = xp.zeros(bucket.buffer.shape, dtype) \
+        kept = xp.zeros(bucket.buffer.shape, dtype) \
             if self.error_feedback else None
-        return _BucketState(matrices, xp.asarray(dense), residual, xp)
+        return _BucketState(matrices, xp.asarray(dense), kept, xp, passes,
+                            bucket.size)
 
     def _compress(self, bucket, kept):
         xp = kept.xp
+        passes = kept.passes
         flat = xp.asarray(bucket.buffer)
-        if kept.residual is not None:
-            flat += kept.residual
-        views = [flat[x.offset:x.offset + x.n * x.m].reshape(x.n, x.m)
+
+        def matrix(buffer, x):
+            if buffer is None:
+                return None
+            return buffer[x.offset:x.offset + x.n * x.m].reshape(x.n, x.m)
+
+        views = [(matrix(flat, x), matrix(kept.kept, x))
                  for x in kept.matrices]
         # The dense elements and every P in one message.
-        message = xp.empty(kept.dense.size + sum(x.n * x.q.shape[1]
+        message = xp.empty(kept.dense.size + sum(x.n * x.qt.shape[0]
                                                  for x in kept.matrices),
                            flat.dtype)
         message[:kept.dense.size] = flat[kept.dense]
         ps = []
         at = kept.dense.size
-        for x, view in zip(kept.matrices, views):
-            p = message[at:at + x.n * x.q.shape[1]].reshape(x.n, -1)
-            xp.matmul(view, x.q, out=p)
+        for x, (view, m) in zip(kept.matrices, views):
+            p = message[at:at + x.n * x.qt.shape[0]].reshape(x.n, -1)
+            passes.project(view, m, *x.last(), 1.0 / bucket.size, x.qt, p)
             ps.append(p)
             at += p.size
         bucket.all_reduce(message)
         flat[kept.dense] = message[:kept.dense.size]
         if not kept.matrices:
             return
-        qs = xp.empty(sum(x.q.size for x in kept.matrices), flat.dtype)
+        qts = xp.empty(sum(x.qt.size for x in kept.matrices), flat.dtype)
         at = 0
-        for x, view, p in zip(kept.matrices, views, ps):
+        for x, (view, m), p in zip(kept.matrices, views, ps):
             # numpy's QR has no float16.
             p[...] = xp.linalg.qr(p.astype(np.promote_types(p.dtype, F32),
                                            copy=False))[0]
-            q = qs[at:at + x.q.size].reshape(x.q.shape)
-            xp.matmul(view.T, p, out=q)
-            at += q.size
-        bucket.all_reduce(qs)
+            qt = qts[at:at + x.qt.size].reshape(x.qt.shape)
+            passes.back_project(view, m, p, qt)
+            at += qt.size
+        bucket.all_reduce(qts)
         at = 0
-        for x, view, p in zip(kept.matrices, views, ps):
-            x.q[...] = qs[at:at + x.q.size].reshape(x.q.shape)
-            at += x.q.size
-            if kept.residual is not None:
-                # M (this rank's) less the estimate of the mean, written
-                # where the residual lives: no temporary of M's size.
-                region = kept.residual[x.offset:x.offset + x.n * x.m]
-                region = region.reshape(x.n, x.m)
-                xp.matmul(p / bucket.size, x.q.T, out=region)
-                xp.subtract(view, region, out=region)
-            xp.matmul(p, x.q.T, out=view)
+        for x, (view, _), p in zip(kept.matrices, views, ps):
+            qt = qts[at:at + x.qt.size].reshape(x.qt.shape)
+            at += qt.size
+            passes.expand(view, p, qt)
+            x.keep(p, qt, kept.kept is not None, self.warm_start)
+

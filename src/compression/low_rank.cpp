@@ -1,0 +1,171 @@
+#include "nncomm/compression/low_rank.hpp"
+
+#include <type_traits>
+#include <vector>
+
+namespace nncomm {
+
+namespace {
+
+// Eight floats in one vector (GCC's and Clang's vector extension: AVX's
+// register where the build enables it, two SSE registers where not),
+// loaded and stored at any float's alignment.
+typedef float Vec __attribute__((vector_size(32), aligned(4)));
+constexpr size_t kWidth = 8;
+
+Vec load(const float *p) { return *reinterpret_cast<const Vec *>(p); }
+void store(float *p, Vec v) { *reinterpret_cast<Vec *>(p) = v; }
+
+// A dot product's independent partial sums (two vectors): one accumulator
+// would make it a chain of dependent additions. Fixed, so that its
+// rounding does not depend on the vector width.
+constexpr size_t kLanes = 2 * kWidth;
+// Columns of P (rows of Q^T) done in one sweep along a row: each sweep
+// reads the row once for up to this many of them.
+constexpr size_t kBlock = 4;
+
+// out[c] = dot(row, qt + c * m) for c < B: lane l sums the elements
+// j = l (mod 16) of the whole sixteens, then the rest are summed in order,
+// then the lanes in order.
+template <size_t B>
+void dots(const float *row, const float *qt, size_t m, float *out) {
+  Vec lanes[B][2] = {};
+  size_t j = 0;
+  for (; j + kLanes <= m; j += kLanes) {
+    const Vec x0 = load(row + j), x1 = load(row + j + kWidth);
+    for (size_t c = 0; c < B; ++c) {
+      lanes[c][0] += x0 * load(qt + c * m + j);
+      lanes[c][1] += x1 * load(qt + c * m + j + kWidth);
+    }
+  }
+  for (size_t c = 0; c < B; ++c) {
+    float sum = 0.0f;
+    for (size_t k = j; k < m; ++k)
+      sum += row[k] * qt[c * m + k];
+    for (size_t l = 0; l < kLanes; ++l)
+      sum += lanes[c][l / kWidth][l % kWidth];
+    out[c] = sum;
+  }
+}
+
+// out[j] (= or +=, `add`) sum over c < B of a[c] * rows[c * m + j], the
+// terms added in c's order.
+template <size_t B>
+void combine(const float *coefficients, const float *rows, size_t m,
+             bool add, float *out) {
+  float a[B];  // in registers: `out` might alias `coefficients`
+  for (size_t c = 0; c < B; ++c)
+    a[c] = coefficients[c];
+  size_t j = 0;
+  for (; j + kWidth <= m; j += kWidth) {
+    Vec sum = a[0] * load(rows + j);
+    if (add)
+      sum = load(out + j) + sum;
+    for (size_t c = 1; c < B; ++c)
+      sum += a[c] * load(rows + c * m + j);
+    store(out + j, sum);
+  }
+  for (; j < m; ++j) {
+    float sum = a[0] * rows[j];
+    if (add)
+      sum = out[j] + sum;
+    for (size_t c = 1; c < B; ++c)
+      sum += a[c] * rows[c * m + j];
+    out[j] = sum;
+  }
+}
+
+// out[c * m + j] += a[c] * row[j] for c < B.
+template <size_t B>
+void scatter(const float *coefficients, const float *row, size_t m,
+             float *out) {
+  float a[B];  // in registers: `out` might alias `coefficients`
+  for (size_t c = 0; c < B; ++c)
+    a[c] = coefficients[c];
+  size_t j = 0;
+  for (; j + kWidth <= m; j += kWidth) {
+    const Vec x = load(row + j);
+    for (size_t c = 0; c < B; ++c)
+      store(out + c * m + j, load(out + c * m + j) + a[c] * x);
+  }
+  for (; j < m; ++j)
+    for (size_t c = 0; c < B; ++c)
+      out[c * m + j] += a[c] * row[j];
+}
+
+// Calls kernel<B>(c, B) over c = 0, kBlock, 2 kBlock, ... < r, B the
+// block's width (the last may be narrower).
+template <typename Kernel> void by_blocks(size_t r, Kernel &&kernel) {
+  for (size_t c = 0; c < r; c += kBlock) {
+    switch (r - c < kBlock ? r - c : kBlock) {
+    case 1: kernel(c, std::integral_constant<size_t, 1>()); break;
+    case 2: kernel(c, std::integral_constant<size_t, 2>()); break;
+    case 3: kernel(c, std::integral_constant<size_t, 3>()); break;
+    default: kernel(c, std::integral_constant<size_t, 4>()); break;
+    }
+  }
+}
+
+// out = P's row `p` (r values, each times `scale`) times Q^T: a row of
+// P Q^T.
+void estimate_row(const float *p, const float *qt, size_t r, size_t m,
+                  float scale, float *out) {
+  float a[kBlock];
+  by_blocks(r, [&](size_t c, auto width) {
+    constexpr size_t B = decltype(width)::value;
+    for (size_t k = 0; k < B; ++k)
+      a[k] = p[c + k] * scale;
+    combine<B>(a, qt + c * m, m, c > 0, out);
+  });
+}
+
+} // namespace
+
+void low_rank_project(const LowRankMatrix &a, float estimate_scale,
+                      const float *qt, float *p) {
+  std::vector<float> estimate(a.kept != nullptr && a.p_last != nullptr
+                                  ? a.m
+                                  : 0);
+  for (size_t i = 0; i < a.n; ++i) {
+    const float *g = a.gradient + i * a.m;
+    const float *row = g;
+    if (a.kept != nullptr) {
+      float *k = a.kept + i * a.m;
+      if (a.p_last != nullptr) {
+        estimate_row(a.p_last + i * a.r, a.qt_last, a.r, a.m, estimate_scale,
+                     estimate.data());
+        for (size_t j = 0; j < a.m; ++j)
+          k[j] = g[j] + (k[j] - estimate[j]);
+      } else {
+        for (size_t j = 0; j < a.m; ++j)
+          k[j] += g[j];
+      }
+      row = k;
+    }
+    by_blocks(a.r, [&](size_t c, auto width) {
+      dots<decltype(width)::value>(row, qt + c * a.m, a.m, p + i * a.r + c);
+    });
+  }
+}
+
+void low_rank_back_project(const LowRankMatrix &a, const float *p,
+                           float *qt) {
+  const float *source = a.kept != nullptr ? a.kept : a.gradient;
+  for (size_t k = 0; k < a.r * a.m; ++k)
+    qt[k] = 0.0f;
+  for (size_t i = 0; i < a.n; ++i) {
+    const float *row = source + i * a.m;
+    by_blocks(a.r, [&](size_t c, auto width) {
+      scatter<decltype(width)::value>(p + i * a.r + c, row, a.m,
+                                      qt + c * a.m);
+    });
+  }
+}
+
+void low_rank_expand(const LowRankMatrix &a, const float *p,
+                     const float *qt) {
+  for (size_t i = 0; i < a.n; ++i)
+    estimate_row(p + i * a.r, qt, a.r, a.m, 1.0f, a.gradient + i * a.m);
+}
+
+} // namespace nncomm
