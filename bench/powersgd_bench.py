@@ -13,7 +13,9 @@ Two parts, in one run:
    (``Compression.fp16``), ``1-bit`` (``Compression.quantized(1)``) and
    ``PowerSGD r`` for ``--ranks`` (``hook=nncomm.hooks.PowerSGD(rank=r,
    start_iter=0)``: compressed from the first timed step on, the warm-up
-   steps included). The schemes take turns round by round; each step's
+   steps included), and ``unreduced`` (a hook that sends nothing: the
+   floor of the step, the engine's own costs included, no compression
+   goes below; timed only). The schemes take turns round by round; each step's
    time is the slowest rank's; the table gives the median over the
    rounds of the time and of the ratio to dense in the same round.
 2. Accuracy: every scheme trains the same digits MLP (64-128-128-10, ReLU,
@@ -46,6 +48,11 @@ from callback_bench import build_mlp, slowest
 from compression_bench import lo_bytes
 
 
+# The step with the same engine and nothing sent: what no compression can
+# go below.
+FLOOR = "unreduced"
+
+
 def schemes(comm, ranks, start_iter):
     """name -> a function making a solver of the scheme around `inner`."""
     made = {
@@ -62,11 +69,18 @@ def schemes(comm, ranks, start_iter):
     return made
 
 
+def unreduced(bucket):
+    """A bucket hook that leaves its bucket as it is: nothing is sent."""
+
+
 def timing(comm, args, say):
     world = MPI.COMM_WORLD
     loss, params = build_mlp(args.batch, 2048, 8, world.rank)
     solvers = {}
-    for name, make in schemes(comm, args.ranks, 0).items():
+    made = schemes(comm, args.ranks, 0)
+    made[FLOOR] = lambda inner: nncomm.DistributedSolver(inner, comm,
+                                                         hook=unreduced)
+    for name, make in made.items():
         solvers[name] = make(S.Momentum(1e-4, 0.9))
         solvers[name].set_parameters(params, reset=True)
     times = {name: [] for name in solvers}
@@ -177,7 +191,7 @@ def main():
     for name in times:
         points = (f"{found[name] * 100:.1f} % | "
                   f"{(found[name] - found['dense']) * 100:+.1f}"
-                  if found else "- | -")
+                  if name in found else "- | -")
         say(f"| {name} | {times[name] * 1e3:.1f} | "
             f"{ratios[name]:.2f} | {wire[name] / 1e6:.2f} | "
             f"{points} |")

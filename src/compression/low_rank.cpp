@@ -24,6 +24,20 @@ constexpr size_t kLanes = 2 * kWidth;
 // reads the row once for up to this many of them.
 constexpr size_t kBlock = 4;
 
+// The end of dots(): the elements from `tail` on, then the lanes.
+template <size_t B>
+void finish_dots(const float *row, const float *qt, size_t m, size_t tail,
+                 const Vec (&lanes)[B][2], float *out) {
+  for (size_t c = 0; c < B; ++c) {
+    float sum = 0.0f;
+    for (size_t j = tail; j < m; ++j)
+      sum += row[j] * qt[c * m + j];
+    for (size_t l = 0; l < kLanes; ++l)
+      sum += lanes[c][l / kWidth][l % kWidth];
+    out[c] = sum;
+  }
+}
+
 // out[c] = dot(row, qt + c * m) for c < B: lane l sums the elements
 // j = l (mod 16) of the whole sixteens, then the rest are summed in order,
 // then the lanes in order.
@@ -38,14 +52,7 @@ void dots(const float *row, const float *qt, size_t m, float *out) {
       lanes[c][1] += x1 * load(qt + c * m + j + kWidth);
     }
   }
-  for (size_t c = 0; c < B; ++c) {
-    float sum = 0.0f;
-    for (size_t k = j; k < m; ++k)
-      sum += row[k] * qt[c * m + k];
-    for (size_t l = 0; l < kLanes; ++l)
-      sum += lanes[c][l / kWidth][l % kWidth];
-    out[c] = sum;
-  }
+  finish_dots<B>(row, qt, m, j, lanes, out);
 }
 
 // out[j] (= or +=, `add`) sum over c < B of a[c] * rows[c * m + j], the
@@ -119,31 +126,72 @@ void estimate_row(const float *p, const float *qt, size_t r, size_t m,
   });
 }
 
+// Row i of low_rank_project: M's row (into `k` with error feedback) and
+// its first B dot products with Q, in one sweep. `estimate` holds the last
+// estimate's r coefficients (P's row times the scale), or is null.
+template <size_t B>
+void project_row(const float *g, float *k, const float *estimate,
+                 const float *qt_last, size_t r, const float *qt, size_t m,
+                 float *p) {
+  // M's elements j .. j + 7: g + (kept - estimate), or g.
+  auto row = [&](size_t j) {
+    if (k == nullptr)
+      return load(g + j);
+    Vec v = load(k + j);
+    if (estimate != nullptr) {
+      Vec e = estimate[0] * load(qt_last + j);
+      for (size_t c = 1; c < r; ++c)
+        e += estimate[c] * load(qt_last + c * m + j);
+      v = v - e;
+    }
+    v = load(g + j) + v;
+    store(k + j, v);
+    return v;
+  };
+  Vec lanes[B][2] = {};
+  size_t j = 0;
+  for (; j + kLanes <= m; j += kLanes) {
+    const Vec x0 = row(j), x1 = row(j + kWidth);
+    for (size_t c = 0; c < B; ++c) {
+      lanes[c][0] += x0 * load(qt + c * m + j);
+      lanes[c][1] += x1 * load(qt + c * m + j + kWidth);
+    }
+  }
+  const size_t tail = j;
+  for (; j < m; ++j) {
+    if (k != nullptr) {
+      float v = k[j];
+      if (estimate != nullptr) {
+        float e = estimate[0] * qt_last[j];
+        for (size_t c = 1; c < r; ++c)
+          e += estimate[c] * qt_last[c * m + j];
+        v = v - e;
+      }
+      k[j] = g[j] + v;
+    }
+  }
+  finish_dots<B>(k != nullptr ? k : g, qt, m, tail, lanes, p);
+}
+
 } // namespace
 
 void low_rank_project(const LowRankMatrix &a, float estimate_scale,
                       const float *qt, float *p) {
-  std::vector<float> estimate(a.kept != nullptr && a.p_last != nullptr
-                                  ? a.m
-                                  : 0);
+  const bool estimated = a.kept != nullptr && a.p_last != nullptr;
+  std::vector<float> estimate(estimated ? a.r : 0);
   for (size_t i = 0; i < a.n; ++i) {
+    for (size_t c = 0; c < estimate.size(); ++c)
+      estimate[c] = a.p_last[i * a.r + c] * estimate_scale;
     const float *g = a.gradient + i * a.m;
-    const float *row = g;
-    if (a.kept != nullptr) {
-      float *k = a.kept + i * a.m;
-      if (a.p_last != nullptr) {
-        estimate_row(a.p_last + i * a.r, a.qt_last, a.r, a.m, estimate_scale,
-                     estimate.data());
-        for (size_t j = 0; j < a.m; ++j)
-          k[j] = g[j] + (k[j] - estimate[j]);
-      } else {
-        for (size_t j = 0; j < a.m; ++j)
-          k[j] += g[j];
-      }
-      row = k;
-    }
+    float *k = a.kept != nullptr ? a.kept + i * a.m : nullptr;
+    // The first block makes M's row; the others read it (from cache).
     by_blocks(a.r, [&](size_t c, auto width) {
-      dots<decltype(width)::value>(row, qt + c * a.m, a.m, p + i * a.r + c);
+      constexpr size_t B = decltype(width)::value;
+      if (c == 0)
+        project_row<B>(g, k, estimated ? estimate.data() : nullptr,
+                       a.qt_last, a.r, qt, a.m, p + i * a.r);
+      else
+        dots<B>(k != nullptr ? k : g, qt + c * a.m, a.m, p + i * a.r + c);
     });
   }
 }

@@ -11,9 +11,12 @@
 // factors (n r + r m floats): the same arithmetic in three passes, two of
 // them reading only, where the residual's form takes five.
 //
-// Rows are done one at a time, so that a row's sub-loops over its
-// elements reread it from cache; Q is given transposed (r x m: each of its
-// r columns contiguous), so that every inner loop runs along a row.
+// Rows are done one at a time (the first pass makes a row of M, subtracting
+// the estimate, and its dot products with Q in one sweep of vector
+// registers); Q is given transposed (r x m: each of its r columns
+// contiguous), so that every inner loop runs along a row. The sums' order
+// is fixed (16 lanes per dot product), whatever vector width the build
+// has: every rank computes the same bits of P Q^T.
 #pragma once
 
 #include <cstddef>
