@@ -23,6 +23,8 @@ constexpr size_t kLanes = 2 * kWidth;
 // Columns of P (rows of Q^T) done in one sweep along a row: each sweep
 // reads the row once for up to this many of them.
 constexpr size_t kBlock = 4;
+// Rows of M the second pass adds into Q^T in one sweep.
+constexpr size_t kRows = 4;
 
 // The end of dots(): the elements from `tail` on, then the lanes.
 template <size_t B>
@@ -82,22 +84,36 @@ void combine(const float *coefficients, const float *rows, size_t m,
   }
 }
 
-// out[c * m + j] += a[c] * row[j] for c < B.
-template <size_t B>
-void scatter(const float *coefficients, const float *row, size_t m,
-             float *out) {
-  float a[B];  // in registers: `out` might alias `coefficients`
-  for (size_t c = 0; c < B; ++c)
-    a[c] = coefficients[c];
+// out[c * m + j] += a[i * r + c] * rows[i * m + j] for c < B, i < R,
+// the rows added in i's order: each element of `out` stays in a register
+// over R rows instead of being loaded and stored for every one.
+template <size_t B, size_t R>
+void scatter(const float *coefficients, size_t r, const float *rows,
+             size_t m, float *out) {
+  float a[R][B];  // in registers: `out` might alias `coefficients`
+  for (size_t i = 0; i < R; ++i)
+    for (size_t c = 0; c < B; ++c)
+      a[i][c] = coefficients[i * r + c];
   size_t j = 0;
   for (; j + kWidth <= m; j += kWidth) {
-    const Vec x = load(row + j);
+    Vec sums[B];
     for (size_t c = 0; c < B; ++c)
-      store(out + c * m + j, load(out + c * m + j) + a[c] * x);
+      sums[c] = load(out + c * m + j);
+    for (size_t i = 0; i < R; ++i) {
+      const Vec x = load(rows + i * m + j);
+      for (size_t c = 0; c < B; ++c)
+        sums[c] += a[i][c] * x;
+    }
+    for (size_t c = 0; c < B; ++c)
+      store(out + c * m + j, sums[c]);
   }
   for (; j < m; ++j)
-    for (size_t c = 0; c < B; ++c)
-      out[c * m + j] += a[c] * row[j];
+    for (size_t c = 0; c < B; ++c) {
+      float sum = out[c * m + j];
+      for (size_t i = 0; i < R; ++i)
+        sum += a[i][c] * rows[i * m + j];
+      out[c * m + j] = sum;
+    }
 }
 
 // Calls kernel<B>(c, B) over c = 0, kBlock, 2 kBlock, ... < r, B the
@@ -201,13 +217,19 @@ void low_rank_back_project(const LowRankMatrix &a, const float *p,
   const float *source = a.kept != nullptr ? a.kept : a.gradient;
   for (size_t k = 0; k < a.r * a.m; ++k)
     qt[k] = 0.0f;
-  for (size_t i = 0; i < a.n; ++i) {
-    const float *row = source + i * a.m;
+  size_t i = 0;
+  for (; i + kRows <= a.n; i += kRows)
     by_blocks(a.r, [&](size_t c, auto width) {
-      scatter<decltype(width)::value>(p + i * a.r + c, row, a.m,
-                                      qt + c * a.m);
+      scatter<decltype(width)::value, kRows>(p + i * a.r + c, a.r,
+                                             source + i * a.m, a.m,
+                                             qt + c * a.m);
     });
-  }
+  for (; i < a.n; ++i)
+    by_blocks(a.r, [&](size_t c, auto width) {
+      scatter<decltype(width)::value, 1>(p + i * a.r + c, a.r,
+                                         source + i * a.m, a.m,
+                                         qt + c * a.m);
+    });
 }
 
 void low_rank_expand(const LowRankMatrix &a, const float *p,
