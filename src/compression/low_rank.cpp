@@ -9,8 +9,9 @@ namespace {
 
 // Eight floats in one vector (GCC's and Clang's vector extension: AVX's
 // register where the build enables it, two SSE registers where not),
-// loaded and stored at any float's alignment.
-typedef float Vec __attribute__((vector_size(32), aligned(4)));
+// loaded and stored at any float's alignment, and allowed to alias floats
+// (as immintrin.h's __m256_u is).
+typedef float Vec __attribute__((vector_size(32), aligned(4), may_alias));
 constexpr size_t kWidth = 8;
 
 Vec load(const float *p) { return *reinterpret_cast<const Vec *>(p); }
