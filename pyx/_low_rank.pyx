@@ -30,33 +30,41 @@ Example:
 from liblowrank cimport *
 
 
-cdef LowRankMatrix matrix(float[:, ::1] gradient, float[:, ::1] kept,
-                          const float[:, ::1] p_last,
-                          const float[:, ::1] qt_last, size_t r) except *:
-    """The matrix of `gradient`, its shapes and the others' checked."""
-    cdef LowRankMatrix a
-    if gradient is None:
-        raise ValueError("gradient must be an array, not None")
+cdef int matrix(LowRankMatrix* a, float[:, ::1] gradient,
+                float[:, ::1] kept, const float[:, ::1] p_last,
+                const float[:, ::1] qt_last, const float[:, ::1] p,
+                const float[:, ::1] qt) except -1:
+    """Fills `a` from `gradient` and the others, checking their shapes
+    against it and `qt`'s r; 1 where the matrix is empty (nothing to do),
+    0 otherwise."""
+    if gradient is None or p is None or qt is None:
+        raise ValueError("gradient, p and qt must be arrays, not None")
     a.n = gradient.shape[0]
     a.m = gradient.shape[1]
-    a.r = r
-    if r < 1:
-        raise ValueError(f"the factors' rank must be at least 1, not {r}")
-    a.gradient = &gradient[0, 0] if a.n and a.m else NULL
+    a.r = qt.shape[0]
+    if a.r < 1:
+        raise ValueError(f"the factors' rank must be at least 1, not {a.r}")
+    shaped("p", p.shape, a.n, a.r)
+    shaped("qt", qt.shape, a.r, a.m)
     a.kept = NULL
     a.p_last = NULL
     a.qt_last = NULL
     if kept is not None:
         shaped("kept", kept.shape, a.n, a.m)
-        a.kept = &kept[0, 0] if a.n and a.m else NULL
     if (p_last is None) != (qt_last is None):
         raise ValueError("p_last and qt_last go together: both or neither")
     if p_last is not None:
-        shaped("p_last", p_last.shape, a.n, r)
-        shaped("qt_last", qt_last.shape, r, a.m)
-        a.p_last = &p_last[0, 0] if a.n else NULL
-        a.qt_last = &qt_last[0, 0] if a.m else NULL
-    return a
+        shaped("p_last", p_last.shape, a.n, a.r)
+        shaped("qt_last", qt_last.shape, a.r, a.m)
+    if a.n == 0 or a.m == 0:
+        return 1
+    a.gradient = &gradient[0, 0]
+    if kept is not None:
+        a.kept = &kept[0, 0]
+    if p_last is not None:
+        a.p_last = &p_last[0, 0]
+        a.qt_last = &qt_last[0, 0]
+    return 0
 
 
 cdef int shaped(what, Py_ssize_t* shape, size_t rows, size_t cols) except -1:
@@ -64,17 +72,6 @@ cdef int shaped(what, Py_ssize_t* shape, size_t rows, size_t cols) except -1:
         raise ValueError(f"{what} must be {rows} x {cols}, not "
                          f"{shape[0]} x {shape[1]}")
     return 0
-
-
-cdef int factors(const float[:, ::1] p, const float[:, ::1] qt,
-                 LowRankMatrix* a) except -1:
-    """Checks the factors' shapes; 1 where the matrix is empty (nothing to
-    do)."""
-    if p is None or qt is None:
-        raise ValueError("p and qt must be arrays, not None")
-    shaped("p", p.shape, a.n, a.r)
-    shaped("qt", qt.shape, a.r, a.m)
-    return a.n == 0 or a.m == 0
 
 
 def project(float[:, ::1] gradient, float[:, ::1] kept,
@@ -95,9 +92,8 @@ def project(float[:, ::1] gradient, float[:, ::1] kept,
         qt (numpy.ndarray): Q^T, r x m.
         p (numpy.ndarray): n x r, written.
     """
-    cdef LowRankMatrix a = matrix(gradient, kept, p_last, qt_last,
-                                  qt.shape[0] if qt is not None else 0)
-    if factors(p, qt, &a):
+    cdef LowRankMatrix a
+    if matrix(&a, gradient, kept, p_last, qt_last, p, qt):
         return
     with nogil:
         low_rank_project(a, estimate_scale, &qt[0, 0], &p[0, 0])
@@ -114,9 +110,8 @@ def back_project(float[:, ::1] gradient, float[:, ::1] kept,
         p (numpy.ndarray): n x r.
         qt (numpy.ndarray): r x m, written.
     """
-    cdef LowRankMatrix a = matrix(gradient, kept, None, None,
-                                  qt.shape[0] if qt is not None else 0)
-    if factors(p, qt, &a):
+    cdef LowRankMatrix a
+    if matrix(&a, gradient, kept, None, None, p, qt):
         return
     with nogil:
         low_rank_back_project(a, &p[0, 0], &qt[0, 0])
@@ -131,9 +126,8 @@ def expand(float[:, ::1] gradient, const float[:, ::1] p,
         p (numpy.ndarray): n x r.
         qt (numpy.ndarray): r x m.
     """
-    cdef LowRankMatrix a = matrix(gradient, None, None, None,
-                                  qt.shape[0] if qt is not None else 0)
-    if factors(p, qt, &a):
+    cdef LowRankMatrix a
+    if matrix(&a, gradient, None, None, None, p, qt):
         return
     with nogil:
         low_rank_expand(a, &p[0, 0], &qt[0, 0])

@@ -90,5 +90,5 @@ def test_bad_arguments_raise():
         _low_rank.expand(g.astype(np.float64), p, qt)
     with pytest.raises(ValueError, match="contiguous"):
         _low_rank.expand(np.zeros((6, 4), F32).T, p, qt)
-    with pytest.raises(ValueError, match="gradient must be an array"):
+    with pytest.raises(ValueError, match="gradient, p and qt must be arrays"):
         _low_rank.expand(None, p, qt)
