@@ -53,6 +53,9 @@ cdef int matrix(LowRankMatrix* a, float[:, ::1] gradient,
         shaped("kept", kept.shape, a.n, a.m)
     if (p_last is None) != (qt_last is None):
         raise ValueError("p_last and qt_last go together: both or neither")
+    if p_last is not None and kept is None:
+        raise ValueError("p_last and qt_last need kept: the last estimate "
+                         "is subtracted from the M kept")
     if p_last is not None:
         shaped("p_last", p_last.shape, a.n, a.r)
         shaped("qt_last", qt_last.shape, a.r, a.m)

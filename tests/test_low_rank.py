@@ -3,10 +3,13 @@ in float64: the three passes with error feedback and without, before the
 first estimate and after it, for factor ranks 1 to 5 and shapes that are
 not multiples of the C++'s 16 lanes; the same passes as array operations
 (nncomm.comm_hooks._ArrayPasses, which GPU and 16-bit buckets take) against
-the same reference; and arguments of the wrong shape, dtype or layout."""
+the same reference; arguments of the wrong shape, dtype or layout; and,
+through the hook on a bucket faked in one process, which passes a bucket
+takes and that a warm start stays finite in float16."""
 import numpy as np
 import pytest
 
+import nncomm.hooks
 from nncomm import _low_rank
 from nncomm.comm_hooks import _ArrayPasses
 
@@ -80,6 +83,8 @@ def test_bad_arguments_raise():
         _low_rank.project(g, None, None, None, 1.0, qt, np.zeros((4, 3), F32))
     with pytest.raises(ValueError, match="qt_last must be 2 x 6"):
         _low_rank.project(g, g.copy(), p, np.zeros((2, 5), F32), 1.0, qt, p)
+    with pytest.raises(ValueError, match="need kept"):
+        _low_rank.project(g, None, p, qt, 1.0, qt, p)
     with pytest.raises(ValueError, match="both or neither"):
         _low_rank.project(g, g.copy(), p, None, 1.0, qt, p)
     with pytest.raises(ValueError, match="rank must be at least 1"):
@@ -92,3 +97,57 @@ def test_bad_arguments_raise():
         _low_rank.expand(np.zeros((6, 4), F32).T, p, qt)
     with pytest.raises(ValueError, match="gradient, p and qt must be arrays"):
         _low_rank.expand(None, p, qt)
+
+
+class TwoLikeRanks:
+    """A host bucket of one n x m gradient whose all_reduce sums two ranks
+    holding the same values (doubles them): PowerSGD without MPI."""
+
+    class Gradient:
+        def __init__(self, shape):
+            self.index, self.start, self.offset = 0, 0, 0
+            self.shape = shape
+            self.count = int(np.prod(shape))
+
+    index = 0
+    size = 2
+    rank = 0
+    is_last = True
+    on_device = False
+
+    def __init__(self, values):
+        self.buffer = values.reshape(-1).copy()
+        self.gradients = [self.Gradient(values.shape)]
+
+    def all_reduce(self, array, wire_dtype=None):
+        array *= 2
+
+
+@pytest.mark.parametrize("dtype", (np.float16, F32))
+def test_warm_start_stays_finite_in_16_bits(dtype):
+    # One dominant direction of singular value ~ 3000: a warm start from
+    # the summed Q as it was (unscaled) made P = M Q ~ 2 * 3000^2, past
+    # float16's 65504, at the second step.
+    rng = np.random.default_rng(3)
+    u, v = rng.standard_normal(300), rng.standard_normal(300)
+    values = (10 * np.outer(u, v) + rng.standard_normal((300, 300)))
+    hook = nncomm.hooks.PowerSGD(rank=1, start_iter=0)
+    for step in range(4):
+        bucket = TwoLikeRanks(values.astype(dtype))
+        hook(bucket)
+        got = bucket.buffer.reshape(values.shape).astype(np.float64)
+        assert np.isfinite(got).all(), f"step {step}: not finite"
+    # The rank-1 estimate of the sum: 2 (10 u v^T) within the noise.
+    want = 20 * np.outer(u, v)
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("rank, passes", ((8, _low_rank), (9, _ArrayPasses)))
+def test_float32_host_buckets_take_cpp_passes_up_to_rank_8(rank, passes):
+    rng = np.random.default_rng(4)
+    hook = nncomm.hooks.PowerSGD(rank=rank, start_iter=0)
+    bucket = TwoLikeRanks(rng.standard_normal((64, 48)).astype(F32))
+    hook(bucket)
+    (state,) = hook._buckets.values()
+    assert state.passes is passes or isinstance(state.passes, passes)
+    assert np.isfinite(bucket.buffer).all()

@@ -8,6 +8,10 @@ import numpy as np
 from nncomm import _low_rank
 
 F32 = np.float32
+# The largest factor rank nncomm._low_rank's passes take: they sweep Q^T
+# once per row of M, which beyond this outruns the cache, and BLAS's
+# blocked products are faster (bench/powersgd_passes_bench.py).
+_LOW_RANK_MAX_RANK = 8
 
 
 def _array_module(bucket, what):
@@ -69,8 +73,9 @@ class _Matrix:
     """A gradient of a bucket reduced as two low-rank factors: its place in
     the flat buffer (`offset`, n x m elements), the Q^T (r x m) its next
     iteration starts from, and the last estimate's factors, kept between
-    iterations: P (n x r, with error feedback only) and the summed Q^T
-    (the start itself with a warm start); None before the first."""
+    iterations: P (n x r, orthonormal; with error feedback only) and the
+    summed Q^T (None before the first), and whether the bucket's kept M
+    still has that estimate to subtract (`estimated`)."""
 
     def __init__(self, offset, n, m, qt):
         self.offset = offset
@@ -79,23 +84,41 @@ class _Matrix:
         self.qt = qt
         self.p_last = None
         self.qt_last = None
+        self.estimated = False
 
     def last(self):
-        """The last estimate's P and Q^T, or (None, None): none, or no
-        error feedback to subtract it from."""
-        if self.p_last is None:
+        """The last estimate's P and Q^T for the next step to subtract
+        from M, or (None, None): none yet, no error feedback, or the error
+        feedback restarted."""
+        if not self.estimated or self.p_last is None:
             return None, None
         return self.p_last, self.qt_last
 
     def keep(self, p, qt, error_feedback, warm_start):
         """Keeps this iteration's factors (P orthonormal, Q^T summed)."""
         if self.qt_last is None:
-            self.qt_last = self.qt if warm_start else qt.copy()
+            self.qt_last = qt.copy()
             if error_feedback:
                 self.p_last = p.copy()
-        if self.p_last is not None:
-            self.p_last[...] = p
-        self.qt_last[...] = qt
+        else:
+            self.qt_last[...] = qt
+            if self.p_last is not None:
+                self.p_last[...] = p
+        self.estimated = True
+        if warm_start:
+            self.qt[...] = _unit_rows(qt)
+
+
+def _unit_rows(qt):
+    """Q^T's rows (Q's columns) scaled to unit length, in float32 at least.
+    A warm start from the summed Q as it is would grow P = M Q by the ranks
+    and the gradients' scale at every step, until a 16-bit bucket
+    overflows; the scale changes nothing else (P is orthonormalized after
+    its sum). A zero row stays zero."""
+    wide = qt.astype(np.promote_types(qt.dtype, F32))
+    norms = (wide * wide).sum(axis=1, keepdims=True) ** 0.5
+    norms[norms == 0] = 1
+    return (wide / norms).astype(qt.dtype)
 
 
 def _rows(g):
@@ -153,13 +176,23 @@ class _BucketState:
 
     def residual(self):
         """What compression left out of this rank's gradients, for the next
-        iteration: M - P Q^T / size per matrix."""
+        iteration, in a new array: M - P Q^T / size per matrix."""
         residual = self.xp.zeros_like(self.kept)
         for x in self.matrices:
             region = slice(x.offset, x.offset + x.n * x.m)
-            estimate = (x.p_last @ x.qt_last).reshape(-1) / self.size
-            residual[region] = self.kept[region] - estimate
+            residual[region] = self.kept[region]
+            p_last, qt_last = x.last()
+            if p_last is not None:
+                residual[region] -= (p_last @ qt_last).reshape(-1) / self.size
         return residual
+
+    def restart(self):
+        """Starts the error feedback afresh: after a step that did not
+        finish, M holds what is not known to be that step's (nor finite)."""
+        if self.kept is not None:
+            self.kept[...] = 0
+        for x in self.matrices:
+            x.estimated = False
 
 
 class PowerSGD:
@@ -176,11 +209,14 @@ class PowerSGD:
     for factors to save bytes), which travel densely;
     P is orthonormalized (QR); Q = M^T P is summed; the sum's estimate
     P Q^T replaces M, and M - P Q^T / size is the new residual. Q starts
-    random (the same seed on every rank) and, with `warm_start`, starts
-    the next iteration from this one's (one power iteration per step then
-    refines the same subspace). Before `start_iter` every bucket is summed
-    densely, as without a hook. On GPU buckets it computes on the device
-    with CuPy (Q drawn on the host from the same seed).
+    random (drawn from the seed, the iteration and the matrix: the same on
+    every rank) and, with `warm_start`, starts the next iteration from
+    this one's, its columns scaled to unit length (one power iteration per
+    step then refines the same subspace). Before `start_iter` every bucket
+    is summed densely, as without a hook. On GPU buckets it computes on the
+    device with CuPy (Q drawn on the host). A step whose hook fails
+    (raises, or another rank's did) restarts the error feedback of the
+    buckets it did not finish: their residual is zero afterwards.
 
     On float32 host buckets the passes over M run in C++ without the GIL,
     three per iteration (M kept instead of the residual: see
@@ -201,7 +237,8 @@ class PowerSGD:
         min_compression_rate (float): A matrix is compressed only where
             n m >= rate (n + m) r.
         warm_start (bool): Start each iteration's Q from the last one's.
-        seed (int): The random Q's seed, the same on every rank.
+        seed (int): The random Qs' seed (non-negative), the same on every
+            rank.
 
     Raises:
         ValueError: an argument out of range.
@@ -225,20 +262,28 @@ class PowerSGD:
         if not min_compression_rate > 0:
             raise ValueError(f"min_compression_rate must be positive, not "
                              f"{min_compression_rate!r}")
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, not "
+                             f"{seed!r}")
         self.rank = rank
         self.start_iter = start_iter
         self.error_feedback = bool(error_feedback)
         self.min_compression_rate = float(min_compression_rate)
         self.warm_start = bool(warm_start)
+        self.seed = seed
         self.iteration = 0
-        self._rng = np.random.default_rng(seed)
         self._buckets = {}  # (index, layout) -> _BucketState
 
     def __call__(self, bucket):
         if self.iteration < self.start_iter:
             bucket.all_reduce(bucket.buffer)
         else:
-            self._compress(bucket, self._state(bucket))
+            kept = self._state(bucket)
+            try:
+                self._compress(bucket, kept)
+            except BaseException:
+                kept.restart()
+                raise
         if bucket.is_last:
             self.iteration += 1
 
@@ -249,14 +294,16 @@ class PowerSGD:
             index (int): The bucket's index.
 
         Returns:
-            tuple: (list of each matrix's Q (m x r arrays), the residual
-            (the bucket's flat shape; None without error feedback)), or
-            None before its first compressed iteration.
+            tuple: (list of each matrix's Q (m x r arrays: the last sum, or
+            the first Q before one), the residual (a new array of the
+            bucket's flat shape; None without error feedback)), or None
+            before its first compressed iteration.
         """
         for (i, _), kept in self._buckets.items():
             if i == index:
                 residual = None if kept.kept is None else kept.residual()
-                return [m.qt_last.T for m in kept.matrices], residual
+                return [(m.qt if m.qt_last is None else m.qt_last).T
+                        for m in kept.matrices], residual
         return None
 
     def _state(self, bucket):
@@ -266,22 +313,27 @@ class PowerSGD:
         if kept is None:
             kept = self._new_state(bucket)
             self._buckets[key] = kept
-        elif not self.warm_start:
-            for m in kept.matrices:
-                m.qt[...] = kept.xp.asarray(self._draw_t(m.qt.shape,
-                                                         m.qt.dtype))
+        for k, m in enumerate(kept.matrices):
+            # Drawn until a step has summed a Q (and at every step without
+            # a warm start), from the step and the matrix alone: a rank
+            # whose hook missed a step that failed draws what the others
+            # draw.
+            if m.qt_last is None or not self.warm_start:
+                m.qt[...] = kept.xp.asarray(self._draw_t(
+                    m.qt.shape, m.qt.dtype, bucket.index, k))
         return kept
 
-    def _draw_t(self, shape, dtype):
-        """A random Q^T of `shape` (r x m): drawn as Q (m x r), so that the
-        seed gives the same Q whichever layout keeps it."""
-        return self._rng.standard_normal(shape[::-1]).astype(dtype).T
+    def _draw_t(self, shape, dtype, index, k):
+        """The random Q^T (r x m) of matrix `k` of bucket `index` at this
+        iteration: drawn as Q (m x r)."""
+        rng = np.random.default_rng((self.seed, self.iteration, index, k))
+        return rng.standard_normal(shape[::-1]).astype(dtype).T
 
     def _new_state(self, bucket):
         xp = _array_module(bucket, "PowerSGD")
         dtype = np.dtype(bucket.buffer.dtype)
-        passes = _low_rank if xp is np and dtype == F32 \
-            else _ArrayPasses(xp)
+        passes = _low_rank if xp is np and dtype == F32 and \
+            self.rank <= _LOW_RANK_MAX_RANK else _ArrayPasses(xp)
         matrices = []
         dense = []
         for g in bucket.gradients:
@@ -289,9 +341,8 @@ class PowerSGD:
             r = min(self.rank, n, m)
             end = begin + n * m
             if r and n * m >= self.min_compression_rate * (n + m) * r:
-                qt = xp.ascontiguousarray(xp.asarray(
-                    self._draw_t((r, m), dtype)))
-                matrices.append(_Matrix(begin, n, m, qt))
+                matrices.append(_Matrix(begin, n, m, xp.empty((r, m),
+                                                              dtype)))
                 dense += [np.arange(g.offset, begin),
                           np.arange(end, g.offset + g.count)]
             else:

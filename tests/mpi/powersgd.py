@@ -9,6 +9,11 @@ buckets' layout (what each bucket's BucketGradients say) and nothing else:
   and warm start exercised), for rank 1 with error feedback and warm start
   and rank 2 without either; in one bucket, and in buckets of 100 elements,
   which split the matrices: each bucket's whole rows are a matrix;
+- when rank 1's hook raises at one iteration (the first compressed one,
+  or a later one), the other ranks' in its first collective: that
+  iteration raises BucketHookError everywhere, the ranks whose PowerSGD
+  was interrupted restart their residuals at zero, no Q moves, and the
+  next iterations follow the reference (with and without a warm start);
 - in float16 buckets (numpy's QR has none: it runs in float32), as in
   float32 ones within float16's rounding;
 - the elements of no matrix (vectors, partial rows, matrices too small for
@@ -50,21 +55,32 @@ def matrices(layout, rank):
     return found
 
 
-def draw(rng, m, r):
+def draw(it, b, k, m, r):
+    """Matrix k of bucket b's random Q at the hook's iteration `it`."""
+    rng = np.random.default_rng((SEED, it, b, k))
     return rng.standard_normal((m, r)).astype(F32).astype(np.float64)
 
 
-def reference(size, rank, layouts, error_feedback, warm_start):
-    """Per iteration, the mean per gradient; at the end, the Qs of bucket 0
-    and every rank's residual of it."""
-    rng = np.random.default_rng(SEED)
+def reference(size, rank, layouts, error_feedback, warm_start, failed=None,
+              restarted=()):
+    """Per iteration, the mean per gradient (None at iteration `failed`,
+    whose hooks fail: the ranks in `restarted` were in the middle of
+    theirs, and start their residuals afresh); at the end, the Qs of
+    bucket 0 and every rank's residual of it."""
     qs, residuals = {}, {}
     results = []
+    done = 0  # the hook's count: iterations it finished
     for it in range(ITERATIONS):
+        if it == failed:
+            for key in list(residuals):
+                if key[2] in restarted:
+                    residuals[key] = 0
+            results.append(None)
+            continue
         grads = [[grad(r, it, i).astype(np.float64).reshape(-1)
                   for i in range(len(SHAPES))] for r in range(size)]
         means = [sum(g[i] for g in grads) / size for i in range(len(SHAPES))]
-        for b, layout in enumerate(layouts if it >= START else []):
+        for b, layout in enumerate(layouts if done >= START else []):
             flats = [np.concatenate([grads[r][g.index][g.start:g.start +
                                                        g.count]
                                      for g in layout]) for r in range(size)]
@@ -72,7 +88,7 @@ def reference(size, rank, layouts, error_feedback, warm_start):
                     matrices(layout, rank)):
                 r_ = min(rank, n, m)
                 if (b, k) not in qs or not warm_start:
-                    qs[(b, k)] = draw(rng, m, r_)
+                    qs[(b, k)] = draw(done, b, k, m, r_)
                 ms = [flats[r][offset:offset + n * m].reshape(n, m) +
                       residuals.get((b, k, r), 0) for r in range(size)]
                 p = np.linalg.qr(sum(x @ qs[(b, k)] for x in ms))[0]
@@ -83,6 +99,7 @@ def reference(size, rank, layouts, error_feedback, warm_start):
                         residuals[(b, k, r)] = ms[r] - estimate / size
                 means[i][first:first + n * m] = (estimate / size).reshape(-1)
         results.append([x.reshape(s) for x, s in zip(means, SHAPES)])
+        done += 1
     return results, qs, residuals
 
 
@@ -98,7 +115,29 @@ class Layouts:
         return self.hook(bucket)
 
 
-def run(comm, hook, pack_size, wire_dtype=None):
+class FailsOnce:
+    """Wraps a hook: on rank `rank`, at iteration `failed`, raises instead
+    of calling it (the other ranks' hooks then fail in their collectives)."""
+
+    def __init__(self, hook, rank, failed):
+        self.hook = hook
+        self.rank = rank
+        self.failed = failed
+        self.iteration = 0
+
+    def __call__(self, bucket):
+        try:
+            if self.iteration == self.failed and bucket.rank == self.rank:
+                raise RuntimeError("a hook failing on purpose")
+            return self.hook(bucket)
+        finally:
+            if bucket.is_last:
+                self.iteration += 1
+
+
+def run(comm, hook, pack_size, wire_dtype=None, failed=None):
+    """Each iteration's reduced gradients; None at iteration `failed`,
+    which must raise BucketHookError."""
     grads = [nd(np.zeros(s, F32)) for s in SHAPES]
     reducer = comm.gradient_reducer(grads, pack_size, division=True,
                                     hook=hook, wire_dtype=wire_dtype)
@@ -106,8 +145,15 @@ def run(comm, hook, pack_size, wire_dtype=None):
     for it in range(ITERATIONS):
         for i in range(len(SHAPES)):
             set_grad(grads[i], grad(comm.rank, it, i))
-        with reducer:
-            pass
+        try:
+            with reducer:
+                pass
+        except nncomm.BucketHookError:
+            if it != failed:
+                raise
+            results.append(None)
+            continue
+        assert it != failed, f"iteration {it} did not fail"
         results.append([np.array(g.data) for g in grads])
     return results
 
@@ -121,25 +167,33 @@ def compressed_elements(layouts, rank):
     return [mask.reshape(s) for mask, s in zip(masks, SHAPES)]
 
 
-def check(ck, comm, rank, error_feedback, warm_start, pack_size):
+def check(ck, comm, rank, error_feedback, warm_start, pack_size,
+          failed=None):
+    """With `failed`, world rank 1's hook raises at that iteration: the
+    others' PowerSGD is interrupted in its first collective."""
     what = (f"rank {rank} ef={error_feedback} warm={warm_start} "
-            f"pack={pack_size}")
+            f"pack={pack_size} failed={failed}")
     hook = nncomm.hooks.PowerSGD(rank=rank, start_iter=START,
                                  error_feedback=error_feedback,
                                  warm_start=warm_start, seed=SEED)
-    recorded = Layouts(hook)
-    got = run(comm, recorded, pack_size)
+    recorded = Layouts(hook if failed is None else
+                       FailsOnce(hook, 1, failed))
+    got = run(comm, recorded, pack_size, failed=failed)
     dense = run(comm, None, pack_size)
     layouts = [recorded.seen[b] for b in sorted(recorded.seen)]
-    expected, qs, residuals = reference(comm.size, rank, layouts,
-                                        error_feedback, warm_start)
+    expected, qs, residuals = reference(
+        comm.size, rank, layouts, error_feedback, warm_start, failed,
+        set(range(comm.size)) - {1})
     masks = compressed_elements(layouts, rank)
     ck.true(masks[0].any() and not masks[1].any() and not masks[3].any(),
             f"{what}: which gradients are matrices")
     for it in range(ITERATIONS):
+        if it == failed:
+            continue
         for i in range(len(SHAPES)):
             where = f"{what}: iteration {it}, gradient {i}"
-            mask = masks[i] if it >= START else np.zeros(SHAPES[i], bool)
+            done = it - (failed is not None and it > failed)
+            mask = masks[i] if done >= START else np.zeros(SHAPES[i], bool)
             ck.true(np.array_equal(got[it][i][~mask], dense[it][i][~mask]),
                     f"{where}: dense, as without a hook")
             if not mask.any():
@@ -194,6 +248,10 @@ def main():
     for pack_size in (1 << 20, 100):
         check(ck, comm, 1, True, True, pack_size)
         check(ck, comm, 2, False, False, pack_size)
+    # A failure at the first compressed step, and after an estimate.
+    check(ck, comm, 1, True, True, 1 << 20, failed=START)
+    check(ck, comm, 3, True, False, 1 << 20, failed=START + 1)
+    check(ck, comm, 2, True, True, 1 << 20, failed=START + 1)
     check_half(ck, comm)
     ck.raises(ValueError, "rank", "rank 0", nncomm.hooks.PowerSGD, rank=0)
     ck.raises(ValueError, "start_iter", "a negative start",

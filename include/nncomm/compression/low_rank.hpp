@@ -8,15 +8,17 @@
 // and keeps residual = M - P Q^T / size. Writing that residual is a pass of
 // its own over M. These passes keep M itself instead (`kept`) and subtract
 // the last estimate while they read M for the next P, from the last
-// factors (n r + r m floats): the same arithmetic in three passes, two of
-// them reading only, where the residual's form takes five.
+// factors (n r + r m floats): the same arithmetic in three passes (one of
+// them reading only, one writing only), where the residual's form takes
+// five.
 //
 // Rows are done one at a time (the first pass makes a row of M, subtracting
 // the estimate, and its dot products with Q in one sweep of vector
 // registers); Q is given transposed (r x m: each of its r columns
-// contiguous), so that every inner loop runs along a row. The sums' order
-// is fixed (16 lanes per dot product), whatever vector width the build
-// has: every rank computes the same bits of P Q^T.
+// contiguous), so that every inner loop runs along a row. Every sum's
+// order is fixed (16 lanes per dot product) whatever vector width the
+// build has, so that ranks built alike compute the same bits of P Q^T from
+// the same P and Q.
 #pragma once
 
 #include <cstddef>
