@@ -1,9 +1,14 @@
 #include "nncomm/transports/ipc_transport.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda/cuda_calls.hpp"
@@ -43,6 +48,7 @@ struct IpcTransport::Slots {
   uint64_t chunks = 0; // gone through the slots: the next one's slot
 
   bool exported = false; // another process may have mapped `own`
+  bool in_use = false;   // by a transport (Pool's, under its lock)
 
   // The caller has made this rank's reads of the others' slots complete.
   // CUDA leaves freeing memory that another process still maps undefined,
@@ -153,14 +159,75 @@ private:
   WorkPtr meeting_; // the barrier of chunk next_, once its fill completed
 };
 
+// Every rank's slots of every transport made, by the processes they serve
+// (their ids in rank order), their device and their size: a transport
+// gone leaves its slots, still mapped by the other processes, to the next
+// transport over the same processes that all of them can give them to.
+// Never freed (see Slots).
+class IpcTransport::Pool {
+public:
+  struct Key {
+    std::vector<int64_t> processes;
+    int device;
+    size_t bytes;
+    bool operator<(const Key &o) const {
+      return std::tie(processes, device, bytes) <
+             std::tie(o.processes, o.device, o.bytes);
+    }
+  };
+  // The most slots per key whose reuse can be agreed (one bit each).
+  static constexpr size_t kMaxReusable = 64;
+
+  static Pool &get() {
+    static Pool *pool = new Pool; // outlives the CUDA runtime's teardown
+    return *pool;
+  }
+  // Bit i: slots i of `key` exist and no transport uses them.
+  uint64_t free_mask(const Key &key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    uint64_t mask = 0;
+    const auto &all = slots_[key];
+    for (size_t i = 0; i < all.size() && i < kMaxReusable; ++i) {
+      if (!all[i]->in_use)
+        mask |= uint64_t(1) << i;
+    }
+    return mask;
+  }
+  Slots *take(const Key &key, size_t i) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Slots *slots = slots_[key][i].get();
+    slots->in_use = true;
+    slots->chunks = 0; // every rank's starts at the first slot
+    return slots;
+  }
+  // New slots of `key`, mapped by every rank: the key's next index on
+  // every rank, as every rank adds them in the same collective step.
+  Slots *add(const Key &key, std::unique_ptr<Slots> slots) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    slots->in_use = true;
+    slots_[key].push_back(std::move(slots));
+    return slots_[key].back().get();
+  }
+  void give_back(Slots *slots) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    slots->in_use = false;
+  }
+
+private:
+  std::mutex mutex_;
+  std::map<Key, std::vector<std::unique_ptr<Slots>>> slots_;
+};
+
 IpcTransport::IpcTransport(std::unique_ptr<StagedTransport> staged,
-                           std::unique_ptr<Slots> slots)
-    : staged_(std::move(staged)), slots_(std::move(slots)) {}
+                           Slots *slots)
+    : staged_(std::move(staged)), slots_(slots) {}
 
 IpcTransport::~IpcTransport() {
-  // This rank's reads of the others' slots end before they are unmapped.
+  // This rank's reads of the others' slots, and its copies into its own,
+  // end before another transport may take them.
   if (staged_ != nullptr)
     cudaStreamSynchronize(static_cast<cudaStream_t>(staged_->stream()));
+  Pool::get().give_back(slots_);
 }
 
 Status IpcTransport::Create(std::unique_ptr<StagedTransport> *over,
@@ -172,10 +239,33 @@ Status IpcTransport::Create(std::unique_ptr<StagedTransport> *over,
         "CUDA IPC serves groups of at most " + std::to_string(kMaxRanks) +
         " ranks, not " + std::to_string(ranks));
   }
+  // 256-byte aligned slots, so every dtype's chunks are aligned.
+  const size_t bytes = config::ipc_chunk_bytes() / 256 * 256;
+  Pool::Key key{std::vector<int64_t>(ranks), staged->device(), bytes};
+  const int64_t process = getpid();
+  NNCOMM_RETURN_IF_ERROR(staged->host().allgather(
+      &process, key.processes.data(), 1, DType::kInt64));
+  // Slots that no rank's transport uses any more, if any: every rank's
+  // slots of one index were made together, and the others keep theirs
+  // mapped. (Transports over the same processes are made one at a time:
+  // nothing takes slots between this look and the take.)
+  const int64_t mine_free = static_cast<int64_t>(Pool::get().free_mask(key));
+  std::vector<int64_t> free(ranks);
+  NNCOMM_RETURN_IF_ERROR(staged->host().allgather(&mine_free, free.data(), 1,
+                                                  DType::kInt64));
+  uint64_t common = ~uint64_t(0);
+  for (int64_t f : free)
+    common &= static_cast<uint64_t>(f);
+  if (common != 0) {
+    size_t i = 0;
+    while ((common >> i & 1) == 0)
+      ++i;
+    out->reset(new IpcTransport(std::move(*over), Pool::get().take(key, i)));
+    return Status::Ok();
+  }
   std::unique_ptr<Slots> slots(new Slots);
   slots->rank = staged->rank();
-  // 256-byte aligned slots, so every dtype's chunks are aligned.
-  slots->bytes = config::ipc_chunk_bytes() / 256 * 256;
+  slots->bytes = bytes;
   cudaIpcMemHandle_t mine;
   std::memset(&mine, 0, sizeof mine);
   const Status made = [&] {
@@ -211,7 +301,8 @@ Status IpcTransport::Create(std::unique_ptr<StagedTransport> *over,
       *staged, opened,
       "mapping the other ranks' device memory (CUDA IPC; ranks on one "
       "host whose GPUs can reach each other's memory)"));
-  out->reset(new IpcTransport(std::move(*over), std::move(slots)));
+  out->reset(new IpcTransport(std::move(*over),
+                              Pool::get().add(key, std::move(slots))));
   return Status::Ok();
 }
 

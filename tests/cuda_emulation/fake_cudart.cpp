@@ -381,6 +381,16 @@ size_t nncomm_fake_copies() {
   return rt().copies;
 }
 
+size_t nncomm_fake_device_bytes() {
+  Call call;
+  size_t bytes = 0;
+  for (const auto &a : rt().allocations) {
+    if (a.second.device >= 0 && !a.second.imported)
+      bytes += a.second.bytes;
+  }
+  return bytes;
+}
+
 size_t nncomm_fake_pending() {
   std::lock_guard<std::mutex> lock(rt().mutex);
   return rt().pending.size();

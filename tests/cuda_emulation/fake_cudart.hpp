@@ -22,6 +22,9 @@ void nncomm_fake_hold(cudaStream_t stream);
 size_t nncomm_fake_launches();
 // cudaMemcpyAsync calls so far.
 size_t nncomm_fake_copies();
+// Device memory allocated (cudaMalloc) and not freed, in bytes; what
+// cudaIpcOpenMemHandle maps is not counted.
+size_t nncomm_fake_device_bytes();
 // Work enqueued and not yet run.
 size_t nncomm_fake_pending();
 // Enqueues `work` on `stream` as a kernel would be: it runs when its turn

@@ -831,6 +831,39 @@ void check_setup_failure(const std::string &what, const std::string &call,
 
 } // namespace
 
+// IPC transports made and dropped again and again (a callback per step)
+// take the slots the dropped ones left: the device memory stays what the
+// first took, and each one still sums right; two alive take two.
+void check_recycled_slots() {
+  auto make = [] {
+    std::unique_ptr<MpiTransport> mpi;
+    ok(MpiTransport::Create(MPI_COMM_WORLD, &mpi), "MpiTransport::Create");
+    std::unique_ptr<StagedTransport> staged;
+    ok(StagedTransport::Create(std::move(mpi), &staged),
+       "StagedTransport::Create");
+    std::unique_ptr<IpcTransport> ipc;
+    ok(IpcTransport::Create(&staged, &ipc), "IpcTransport::Create");
+    return ipc;
+  };
+  const size_t before = nncomm_fake_device_bytes();
+  make().reset();
+  const size_t one = nncomm_fake_device_bytes();
+  if (one <= before)
+    fail("an IPC transport took no device memory");
+  for (int i = 0; i < 3; ++i) {
+    std::unique_ptr<IpcTransport> again = make();
+    check_dtype(*again, DType::kFloat32, 70000);
+    if (nncomm_fake_device_bytes() != one)
+      fail("a transport made after another was dropped took new slots");
+    ++checks;
+  }
+  std::unique_ptr<IpcTransport> a = make(), b = make();
+  check_dtype(*b, DType::kFloat16, 70000);
+  if (nncomm_fake_device_bytes() <= one)
+    fail("two transports alive share one rank's slots");
+  ++checks;
+}
+
 int main(int argc, char **argv) {
   start(&argc, &argv);
   const uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1;
@@ -874,6 +907,7 @@ int main(int argc, char **argv) {
         ok(IpcTransport::Create(&staged, &ipc),
            "IpcTransport::Create");
         t = std::move(ipc);
+        check_recycled_slots();
         if (ranks == 2) {
           std::unique_ptr<MpiTransport> other;
           ok(MpiTransport::Create(MPI_COMM_WORLD, &other),

@@ -9,7 +9,10 @@
 // after a barrier that every rank enters only once its reads of that slot
 // have completed: completion is established on the host, never by events
 // shared between processes. A rank's exported slots are kept until the
-// process ends (see Slots in the .cu file).
+// process ends (see Slots in the .cu file), and recycled: a transport over
+// the same processes takes the slots of one that is gone, where every
+// rank's is gone (agreed when it is made), so that making a transport
+// again and again (a callback per step) costs no more device memory.
 //
 // Sums run in rank order, rounded as the host's (sum_tile.cuh), so every
 // rank gets the same bits. all_reduce, reduce, bcast, all_gather and
@@ -95,11 +98,11 @@ private:
   // Starts an operation of `chunks` chunks; `name`: a literal.
   Status start(const char *name, size_t chunks, Step fill, Step use,
                WorkPtr *work);
-  IpcTransport(std::unique_ptr<StagedTransport> staged,
-               std::unique_ptr<Slots> slots);
+  class Pool;
+  IpcTransport(std::unique_ptr<StagedTransport> staged, Slots *slots);
 
   const std::unique_ptr<StagedTransport> staged_;
-  const std::unique_ptr<Slots> slots_;
+  Slots *const slots_; // the pool's, in use by this transport alone
 };
 
 } // namespace nncomm
