@@ -175,8 +175,8 @@ void project_row(const float *g, float *k, const float *estimate,
     }
   }
   const size_t tail = j;
-  for (; j < m; ++j) {
-    if (k != nullptr) {
+  if (k != nullptr) {
+    for (; j < m; ++j) {
       float v = k[j];
       if (estimate != nullptr) {
         float e = estimate[0] * qt_last[j];
@@ -218,19 +218,18 @@ void low_rank_back_project(const LowRankMatrix &a, const float *p,
   const float *source = a.kept != nullptr ? a.kept : a.gradient;
   for (size_t k = 0; k < a.r * a.m; ++k)
     qt[k] = 0.0f;
+  // Adds rows i .. i + R - 1 of M.
+  auto add_rows = [&](size_t i, auto rows) {
+    by_blocks(a.r, [&](size_t c, auto width) {
+      scatter<decltype(width)::value, decltype(rows)::value>(
+          p + i * a.r + c, a.r, source + i * a.m, a.m, qt + c * a.m);
+    });
+  };
   size_t i = 0;
   for (; i + kRows <= a.n; i += kRows)
-    by_blocks(a.r, [&](size_t c, auto width) {
-      scatter<decltype(width)::value, kRows>(p + i * a.r + c, a.r,
-                                             source + i * a.m, a.m,
-                                             qt + c * a.m);
-    });
+    add_rows(i, std::integral_constant<size_t, kRows>());
   for (; i < a.n; ++i)
-    by_blocks(a.r, [&](size_t c, auto width) {
-      scatter<decltype(width)::value, 1>(p + i * a.r + c, a.r,
-                                         source + i * a.m, a.m,
-                                         qt + c * a.m);
-    });
+    add_rows(i, std::integral_constant<size_t, 1>());
 }
 
 void low_rank_expand(const LowRankMatrix &a, const float *p,
