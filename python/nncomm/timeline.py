@@ -169,19 +169,32 @@ def merge_parts(path, size, wait_seconds=0.0):
 
 
 def main(argv=None):
-    """``python -m nncomm.timeline merge OUT PARTS...``."""
+    """``python -m nncomm.timeline merge OUT PARTS...`` and
+    ``python -m nncomm.timeline summary FILE [--buckets]``."""
     parser = argparse.ArgumentParser(
         prog="python -m nncomm.timeline",
         description="Merges the parts of an nncomm timeline (one per rank, "
-        "complete or not) into one file for Perfetto or chrome://tracing.")
+        "complete or not) into one file for Perfetto or chrome://tracing, "
+        "or summarizes one.")
     commands = parser.add_subparsers(dest="command", required=True)
     merging = commands.add_parser("merge", help="merge parts into one file")
     merging.add_argument("out", help="the timeline file to write")
     merging.add_argument("parts", nargs="+", help="the parts to merge")
+    summary = commands.add_parser(
+        "summary", help="each rank's iterations in numbers: the wait for "
+        "communication after backward, the device's time per step")
+    summary.add_argument("path", help="a timeline file or part")
+    summary.add_argument("--buckets", action="store_true",
+                         help="also a line per bucket of the device track")
     args = parser.parse_args(argv)
-    missing = [p for p in args.parts if not os.path.isfile(p)]
+    paths = args.parts if args.command == "merge" else [args.path]
+    missing = [p for p in paths if not os.path.isfile(p)]
     if missing:
         parser.error(f"no such file: {', '.join(missing)}")
+    if args.command == "summary":
+        from nncomm.timeline_summary import report
+        print(report(load(args.path), buckets=args.buckets))
+        return 0
     merged = merge(args.out, args.parts)
     print(f"{args.out}: {merged.events} events from {len(args.parts)} "
           f"parts")

@@ -76,7 +76,7 @@ def device_timeline(comm, xp, write):
     iteration's spans are written when the next begins, so of two
     iterations the first is checked (the second may be, too)."""
     import tempfile
-    from nncomm import timeline
+    from nncomm import timeline, timeline_summary
 
     path = world.bcast(os.path.join(tempfile.mkdtemp(), "device.json")
                        if RANK == 0 else None)
@@ -119,6 +119,14 @@ def device_timeline(comm, xp, write):
         check(total == sum(rows) * 256 * 4,
               f"rank {r}: reduce spans of {total} bytes, one iteration's "
               f"gradients hold {sum(rows) * 256 * 4}")
+        # The summary finds the same iterations and buckets.
+        device = timeline_summary.summarize(events)[r].device
+        found = sum(b.bytes for b in device.buckets.values())
+        check(device.iterations in (1, 2) and found == total and
+              len(device.buckets) == len(spans) and
+              0 <= device.gradients <= device.span and
+              device.tail == device.span - device.gradients,
+              f"rank {r}: the summary of its device track: {device}")
 
 
 def device_hooks(comm, xp):
