@@ -35,7 +35,11 @@ uint64_t host_identity() {
 
 // The device current to the calling thread, and an identity the same on
 // two ranks only if they use the same device of the same host (`host`, its
-// host_identity()).
+// host_identity()): the host and the PCI bus id, as NCCL's own check for
+// ranks sharing a GPU has them, so that auto never picks NCCL where NCCL
+// would refuse. MIG instances of one GPU share its bus id: they count as
+// one GPU, whose IPC set-up fails there (CUDA IPC does not cross MIG
+// instances) and falls back to host memory.
 Status device_identity(uint64_t host, int *device, uint64_t *identity) {
   NNCOMM_CUDA_CALL(cudaGetDevice, device);
   char bus[64] = {0};
