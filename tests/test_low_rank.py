@@ -6,6 +6,8 @@ not multiples of the C++'s 16 lanes; the same passes as array operations
 the same reference; arguments of the wrong shape, dtype or layout; and,
 through the hook on a bucket faked in one process, which passes a bucket
 takes and that a warm start stays finite in float16."""
+import pickle
+
 import numpy as np
 import pytest
 
@@ -151,3 +153,68 @@ def test_float32_host_buckets_take_cpp_passes_up_to_rank_8(rank, passes):
     (state,) = hook._buckets.values()
     assert state.passes is passes or isinstance(state.passes, passes)
     assert np.isfinite(bucket.buffer).all()
+
+
+def run_steps(hook, steps, bucket=TwoLikeRanks):
+    """Each step's reduced buffer."""
+    out = []
+    for values in steps:
+        b = bucket(values)
+        hook(b)
+        out.append(b.buffer.copy())
+    return out
+
+
+@pytest.mark.parametrize("dtype", (np.float16, F32))
+@pytest.mark.parametrize("error_feedback, warm_start",
+                         ((True, True), (True, False), (False, True)))
+def test_a_pickled_hook_goes_on_as_one_never_stopped(dtype, error_feedback,
+                                                     warm_start):
+    rng = np.random.default_rng(5)
+    steps = [rng.standard_normal((40, 24)).astype(dtype) for _ in range(6)]
+
+    def hook():
+        return nncomm.hooks.PowerSGD(rank=2, start_iter=1, seed=9,
+                                     error_feedback=error_feedback,
+                                     warm_start=warm_start)
+
+    whole = run_steps(hook(), steps)
+    stopped = hook()
+    first = run_steps(stopped, steps[:3])
+    resumed = pickle.loads(pickle.dumps(stopped))
+    assert resumed.iteration == 3 and resumed.state(0) is None
+    rest = run_steps(resumed, steps[3:])
+    for k, (a, b) in enumerate(zip(whole, first + rest)):
+        assert np.array_equal(a, b), f"step {k}"
+    # Without its state, the same iteration gives other gradients.
+    fresh = hook()
+    fresh.iteration = 3
+    assert not np.array_equal(run_steps(fresh, steps[3:4])[0], whole[3])
+    # Pickled before its first iteration there, a bucket's state is kept.
+    twice = pickle.loads(pickle.dumps(pickle.loads(pickle.dumps(stopped))))
+    assert np.array_equal(run_steps(twice, steps[3:4])[0], whole[3])
+
+
+def test_a_state_loaded_on_another_rank_restarts_its_error_feedback():
+    rng = np.random.default_rng(6)
+    steps = [rng.standard_normal((40, 24)).astype(F32) for _ in range(4)]
+    hook = nncomm.hooks.PowerSGD(rank=2, start_iter=0, seed=9)
+    run_steps(hook, steps[:3])
+    blob = pickle.dumps(hook)
+
+    class OtherRank(TwoLikeRanks):
+        rank = 1
+
+    with pytest.warns(RuntimeWarning, match="saved by group rank 0 of 2 "
+                      "and loaded on rank 1 of 2"):
+        got = run_steps(pickle.loads(blob), steps[3:], OtherRank)
+    # What a restart gives: Qs kept, M zero, no estimate to subtract.
+    restarted = pickle.loads(blob)
+    (key, saved), = restarted._buckets.items()
+    restarted._buckets[key] = saved._replace(
+        kept=np.zeros_like(saved.kept),
+        matrices=[m[:3] + (False,) for m in saved.matrices])
+    want = run_steps(restarted, steps[3:])
+    assert np.array_equal(got[0], want[0])
+    assert not np.array_equal(got[0], run_steps(pickle.loads(blob),
+                                                steps[3:])[0])

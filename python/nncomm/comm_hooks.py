@@ -3,6 +3,9 @@
 dtypes, and PowerSGD (Vogels et al., NeurIPS 2019), as PyTorch DDP's
 ``ddp_comm_hooks`` give them. Import them from :mod:`nncomm.hooks`.
 On GPU buckets they work on the device through CuPy."""
+import collections
+import warnings
+
 import numpy as np
 
 from nncomm import _low_rank
@@ -160,19 +163,67 @@ class _ArrayPasses:
         self.xp.matmul(p, qt, out=gradient)
 
 
+def _host(array):
+    """A copy of `array` in host memory (None stays None)."""
+    if array is None or isinstance(array, np.ndarray):
+        return None if array is None else array.copy()
+    return array.get()  # CuPy
+
+
+# A bucket's PowerSGD state as pickled: the group rank and size that kept
+# it, M (None without error feedback), and per matrix its Q^T, last P and
+# Q^T, and whether M holds that estimate.
+_SavedBucket = collections.namedtuple("_SavedBucket",
+                                      ["rank", "size", "kept", "matrices"])
+
+
 class _BucketState:
     """What PowerSGD keeps of one bucket: its matrices, the elements sent
     densely, M per matrix (in a buffer of the bucket's shape; None without
     error feedback), the array module they are arrays of (numpy, or CuPy on
     a device), the passes that compute on them, and the ranks' count."""
 
-    def __init__(self, matrices, dense, kept, xp, passes, size):
+    def __init__(self, matrices, dense, kept, xp, passes, rank, size):
         self.matrices = matrices
         self.dense = dense  # indices into the flat buffer
         self.kept = kept
         self.xp = xp
         self.passes = passes
+        self.rank = rank
         self.size = size
+
+    def saved(self):
+        """This state in host arrays, for pickle."""
+        return _SavedBucket(
+            self.rank, self.size, _host(self.kept),
+            [tuple(map(_host, (x.qt, x.p_last, x.qt_last))) + (x.estimated,)
+             for x in self.matrices])
+
+    def restore(self, saved):
+        """Takes a saved state of the same bucket (its layout, and the
+        hook's settings, are the same). Q is every rank's alike, M this
+        rank's own: M is taken only from a state this group rank saved,
+        with this many ranks; otherwise the error feedback restarts.
+
+        Returns:
+            bool: whether M was taken.
+        """
+        xp = self.xp
+        for x, (qt, p_last, qt_last, estimated) in zip(self.matrices,
+                                                       saved.matrices):
+            # In the bucket's dtype, should its wire dtype have changed.
+            x.qt[...] = xp.asarray(qt)
+            x.p_last = None if p_last is None else xp.asarray(
+                p_last, x.qt.dtype)
+            x.qt_last = None if qt_last is None else xp.asarray(
+                qt_last, x.qt.dtype)
+            x.estimated = estimated
+        if (saved.rank, saved.size) == (self.rank, self.size):
+            if self.kept is not None:
+                self.kept[...] = xp.asarray(saved.kept)
+            return True
+        self.restart()
+        return False
 
     def residual(self):
         """What compression left out of this rank's gradients, for the next
@@ -226,6 +277,13 @@ class PowerSGD:
     allocated at a bucket's first compressed iteration and reused; one hook
     object serves one reduction (a callback, reducer or solver) of one set
     of gradients.
+
+    For a checkpoint, pickle the hook on every rank (its settings, its
+    iteration and each bucket's state, in host memory); unpickled, it goes
+    on where it stopped, each bucket taking its state at its next
+    iteration. M is each rank's own: a bucket whose state was saved by
+    another group rank, or with another number of ranks, keeps its Qs and
+    restarts its error feedback, with a RuntimeWarning.
 
     Args:
         rank (int): r, the factors' rank: bytes per matrix (n + m) r
@@ -297,22 +355,41 @@ class PowerSGD:
             tuple: (list of each matrix's Q (m x r arrays: the last sum, or
             the first Q before one), the residual (a new array of the
             bucket's flat shape; None without error feedback)), or None
-            before its first compressed iteration.
+            before its first compressed iteration (for a hook unpickled,
+            before its first iteration).
         """
         for (i, _), kept in self._buckets.items():
-            if i == index:
+            if i == index and isinstance(kept, _BucketState):
                 residual = None if kept.kept is None else kept.residual()
                 return [(m.qt if m.qt_last is None else m.qt_last).T
                         for m in kept.matrices], residual
         return None
 
+    def __getstate__(self):
+        """For pickle, as a checkpoint: the settings, the iteration and each
+        bucket's state, in host memory."""
+        state = dict(self.__dict__)
+        state["_buckets"] = {key: kept.saved() if isinstance(
+            kept, _BucketState) else kept
+            for key, kept in self._buckets.items()}
+        return state
+
     def _state(self, bucket):
         layout = tuple((g.index, g.start, g.count) for g in bucket.gradients)
         key = (bucket.index, layout)
         kept = self._buckets.get(key)
-        if kept is None:
+        if not isinstance(kept, _BucketState):
+            saved = kept
             kept = self._new_state(bucket)
             self._buckets[key] = kept
+            if saved is not None and not kept.restore(saved):
+                warnings.warn(
+                    f"nncomm.hooks.PowerSGD: bucket {bucket.index}'s state "
+                    f"was saved by group rank {saved.rank} of {saved.size} "
+                    f"and loaded on rank {bucket.rank} of {bucket.size}: "
+                    f"its Qs go on, its error feedback restarts (each "
+                    f"rank's is its own: save and load the hook on every "
+                    f"rank)", RuntimeWarning)
         for k, m in enumerate(kept.matrices):
             # Drawn until a step has summed a Q (and at every step without
             # a warm start), from the step and the matrix alone: a rank
@@ -351,7 +428,7 @@ class PowerSGD:
         kept = xp.zeros(bucket.buffer.shape, dtype) \
             if self.error_feedback else None
         return _BucketState(matrices, xp.asarray(dense), kept, xp, passes,
-                            bucket.size)
+                            bucket.rank, bucket.size)
 
     def _compress(self, bucket, kept):
         xp = kept.xp

@@ -203,6 +203,15 @@ def device_hooks(comm, xp):
         check(all(np.isfinite(g).all() for g in got), "PowerSGD on a GPU")
     check(type(powersgd.state(0)[0][0]).__module__.startswith("cupy"),
           "PowerSGD's state on a GPU is CuPy's")
+    # A checkpoint: pickled (its state copied to the host), it goes on on
+    # the device as the one never stopped (within rounding: cuBLAS need
+    # not be bitwise the same from one call to the next; a state lost is
+    # far off).
+    import pickle
+    resumed = pickle.loads(pickle.dumps(powersgd))
+    check(all(np.allclose(a, b, rtol=0, atol=1e-5 * np.abs(a).max())
+              for a, b in zip(reduced(powersgd), reduced(resumed))),
+          "PowerSGD on a GPU, resumed from a pickle")
 
 
 def collectives(xp, new_arrays):

@@ -16,10 +16,14 @@ buckets' layout (what each bucket's BucketGradients say) and nothing else:
   next iterations follow the reference (with and without a warm start);
 - in float16 buckets (numpy's QR has none: it runs in float32), as in
   float32 ones within float16's rounding;
+- a hook pickled between compressed iterations and unpickled (a
+  checkpoint) goes on bitwise as the one never stopped;
 - the elements of no matrix (vectors, partial rows, matrices too small for
   factors to save bytes: 3 x 2, and 6 x 10 at rank 2) are bitwise the
   dense sum at every iteration; the others are not.
 """
+import pickle
+
 import numpy as np
 
 import nncomm
@@ -133,6 +137,39 @@ class FailsOnce:
         finally:
             if bucket.is_last:
                 self.iteration += 1
+
+
+class Resumed:
+    """Wraps a hook: before iteration `at`, it is replaced by its pickled
+    copy, as a job restarted from a checkpoint would make it."""
+
+    def __init__(self, hook, at):
+        self.hook = hook
+        self.at = at
+        self.iteration = 0
+        self.copied = False
+
+    def __call__(self, bucket):
+        if self.iteration == self.at and not self.copied:
+            self.hook = pickle.loads(pickle.dumps(self.hook))
+            self.copied = True
+        self.hook(bucket)
+        if bucket.is_last:
+            self.iteration += 1
+
+
+def check_resumed(ck, comm):
+    """A hook pickled between two compressed iterations goes on bitwise
+    as the one never stopped, on every rank (each its own M)."""
+    def hook():
+        return nncomm.hooks.PowerSGD(rank=2, start_iter=START, seed=SEED)
+
+    for pack_size in (1 << 20, 100):
+        whole = run(comm, hook(), pack_size)
+        resumed = run(comm, Resumed(hook(), START + 1), pack_size)
+        ck.true(all(np.array_equal(a, b) for it in range(ITERATIONS)
+                    for a, b in zip(whole[it], resumed[it])),
+                f"pack {pack_size}: resumed from a pickle, as never stopped")
 
 
 def run(comm, hook, pack_size, wire_dtype=None, failed=None):
@@ -253,6 +290,7 @@ def main():
     check(ck, comm, 3, True, False, 1 << 20, failed=START + 1)
     check(ck, comm, 2, True, True, 1 << 20, failed=START + 1)
     check_half(ck, comm)
+    check_resumed(ck, comm)
     ck.raises(ValueError, "rank", "rank 0", nncomm.hooks.PowerSGD, rank=0)
     ck.raises(ValueError, "start_iter", "a negative start",
               nncomm.hooks.PowerSGD, start_iter=-1)
