@@ -5,7 +5,9 @@ not multiples of the C++'s 16 lanes; the same passes as array operations
 (nncomm.comm_hooks._ArrayPasses, which GPU and 16-bit buckets take) against
 the same reference; arguments of the wrong shape, dtype or layout; and,
 through the hook on a bucket faked in one process, which passes a bucket
-takes and that a warm start stays finite in float16."""
+takes, that a warm start stays finite in float16, and that a hook pickled
+and unpickled goes on as the one never stopped (a state loaded on another
+rank restarting its error feedback)."""
 import pickle
 
 import numpy as np
