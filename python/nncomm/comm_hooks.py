@@ -165,9 +165,9 @@ class _ArrayPasses:
 
 def _host(array):
     """A copy of `array` in host memory (None stays None)."""
-    if array is None or isinstance(array, np.ndarray):
-        return None if array is None else array.copy()
-    return array.get()  # CuPy
+    if array is None:
+        return None
+    return array.copy() if isinstance(array, np.ndarray) else array.get()
 
 
 # A bucket's PowerSGD state as pickled: the group rank and size that kept
@@ -336,11 +336,11 @@ class PowerSGD:
         if self.iteration < self.start_iter:
             bucket.all_reduce(bucket.buffer)
         else:
-            kept = self._state(bucket)
+            held = self._state(bucket)
             try:
-                self._compress(bucket, kept)
+                self._compress(bucket, held)
             except BaseException:
-                kept.restart()
+                held.restart()
                 raise
         if bucket.is_last:
             self.iteration += 1
@@ -358,31 +358,31 @@ class PowerSGD:
             before its first compressed iteration (for a hook unpickled,
             before its first iteration).
         """
-        for (i, _), kept in self._buckets.items():
-            if i == index and isinstance(kept, _BucketState):
-                residual = None if kept.kept is None else kept.residual()
+        for (i, _), held in self._buckets.items():
+            if i == index and isinstance(held, _BucketState):
+                residual = None if held.kept is None else held.residual()
                 return [(m.qt if m.qt_last is None else m.qt_last).T
-                        for m in kept.matrices], residual
+                        for m in held.matrices], residual
         return None
 
     def __getstate__(self):
         """For pickle, as a checkpoint: the settings, the iteration and each
         bucket's state, in host memory."""
         state = dict(self.__dict__)
-        state["_buckets"] = {key: kept.saved() if isinstance(
-            kept, _BucketState) else kept
-            for key, kept in self._buckets.items()}
+        state["_buckets"] = {key: held.saved() if isinstance(
+            held, _BucketState) else held
+            for key, held in self._buckets.items()}
         return state
 
     def _state(self, bucket):
         layout = tuple((g.index, g.start, g.count) for g in bucket.gradients)
         key = (bucket.index, layout)
-        kept = self._buckets.get(key)
-        if not isinstance(kept, _BucketState):
-            saved = kept
-            kept = self._new_state(bucket)
-            self._buckets[key] = kept
-            if saved is not None and not kept.restore(saved):
+        held = self._buckets.get(key)
+        if not isinstance(held, _BucketState):
+            saved = held
+            held = self._new_state(bucket)
+            self._buckets[key] = held
+            if saved is not None and not held.restore(saved):
                 warnings.warn(
                     f"nncomm.hooks.PowerSGD: bucket {bucket.index}'s state "
                     f"was saved by group rank {saved.rank} of {saved.size} "
@@ -390,15 +390,15 @@ class PowerSGD:
                     f"its Qs go on, its error feedback restarts (each "
                     f"rank's is its own: save and load the hook on every "
                     f"rank)", RuntimeWarning)
-        for k, m in enumerate(kept.matrices):
+        for k, m in enumerate(held.matrices):
             # Drawn until a step has summed a Q (and at every step without
             # a warm start), from the step and the matrix alone: a rank
             # whose hook missed a step that failed draws what the others
             # draw.
             if m.qt_last is None or not self.warm_start:
-                m.qt[...] = kept.xp.asarray(self._draw_t(
+                m.qt[...] = held.xp.asarray(self._draw_t(
                     m.qt.shape, m.qt.dtype, bucket.index, k))
-        return kept
+        return held
 
     def _draw_t(self, shape, dtype, index, k):
         """The random Q^T (r x m) of matrix `k` of bucket `index` at this
@@ -430,9 +430,9 @@ class PowerSGD:
         return _BucketState(matrices, xp.asarray(dense), kept, xp, passes,
                             bucket.rank, bucket.size)
 
-    def _compress(self, bucket, kept):
-        xp = kept.xp
-        passes = kept.passes
+    def _compress(self, bucket, held):
+        xp = held.xp
+        passes = held.passes
         flat = xp.asarray(bucket.buffer)
 
         def matrix(buffer, x):
@@ -440,27 +440,27 @@ class PowerSGD:
                 return None
             return buffer[x.offset:x.offset + x.n * x.m].reshape(x.n, x.m)
 
-        views = [(matrix(flat, x), matrix(kept.kept, x))
-                 for x in kept.matrices]
+        views = [(matrix(flat, x), matrix(held.kept, x))
+                 for x in held.matrices]
         # The dense elements and every P in one message.
-        message = xp.empty(kept.dense.size + sum(x.n * x.qt.shape[0]
-                                                 for x in kept.matrices),
+        message = xp.empty(held.dense.size + sum(x.n * x.qt.shape[0]
+                                                 for x in held.matrices),
                            flat.dtype)
-        message[:kept.dense.size] = flat[kept.dense]
+        message[:held.dense.size] = flat[held.dense]
         ps = []
-        at = kept.dense.size
-        for x, (view, m) in zip(kept.matrices, views):
+        at = held.dense.size
+        for x, (view, m) in zip(held.matrices, views):
             p = message[at:at + x.n * x.qt.shape[0]].reshape(x.n, -1)
             passes.project(view, m, *x.last(), 1.0 / bucket.size, x.qt, p)
             ps.append(p)
             at += p.size
         bucket.all_reduce(message)
-        flat[kept.dense] = message[:kept.dense.size]
-        if not kept.matrices:
+        flat[held.dense] = message[:held.dense.size]
+        if not held.matrices:
             return
-        qts = xp.empty(sum(x.qt.size for x in kept.matrices), flat.dtype)
+        qts = xp.empty(sum(x.qt.size for x in held.matrices), flat.dtype)
         at = 0
-        for x, (view, m), p in zip(kept.matrices, views, ps):
+        for x, (view, m), p in zip(held.matrices, views, ps):
             # numpy's QR has no float16.
             p[...] = xp.linalg.qr(p.astype(np.promote_types(p.dtype, F32),
                                            copy=False))[0]
@@ -469,9 +469,9 @@ class PowerSGD:
             at += qt.size
         bucket.all_reduce(qts)
         at = 0
-        for x, (view, _), p in zip(kept.matrices, views, ps):
+        for x, (view, _), p in zip(held.matrices, views, ps):
             qt = qts[at:at + x.qt.size].reshape(x.qt.shape)
             at += qt.size
             passes.expand(view, p, qt)
-            x.keep(p, qt, kept.kept is not None, self.warm_start)
+            x.keep(p, qt, held.kept is not None, self.warm_start)
 
