@@ -73,10 +73,13 @@ cdef int close_stopped_backwards(str entry, uintptr_t call=0) except -1:
     (key_of) of a hook call's Function, whose own backward is not closed.
 
     A backward stopped by an exception nncomm saw (nncomm.chain_hooks) was
-    closed at once; any other means a graph analysis missed the end of
-    backward, or an exception nncomm did not see: the gradients were not
-    reduced, so this raises, on every rank where it stopped. A call made
-    by one of nnabla's functions inside backward closes nothing.
+    closed at once; any other means an exception nncomm did not see, or a
+    graph analysis that missed the end of backward. It is closed as failed
+    (the other ranks raise for it), with a RuntimeWarning here, and `entry`
+    goes on: raising would skip `entry` on this rank alone, and the ranks'
+    next calls would pair one step apart. (An exception ending backward
+    was this rank's error already.) A call made by one of nnabla's
+    functions inside backward closes nothing.
     """
     if not _in_flight or getattr(_inside, "depth", 0):
         return 0
@@ -86,10 +89,15 @@ cdef int close_stopped_backwards(str entry, uintptr_t call=0) except -1:
         bw = (<_CallbackState>state).backward
         if bw is not None and bw.thread == thread and \
                 (call == 0 or bw.readiness().last() != call):
-            (<_CallbackState>state).close(
+            message = (
                 f"the last backward over these gradients returned (or "
                 f"raised) before {bw.describe_missing()} ran, and {entry} "
-                f"came next; its gradients were not all-reduced", True)
+                f"came next: it was closed as failed, its gradients were "
+                f"not all-reduced (use nncomm.chain_hooks to combine a "
+                f"hook with the callback, so that an exception closes it "
+                f"at once)")
+            (<_CallbackState>state).close(message, False)
+            warnings.warn(message, RuntimeWarning)
     return 0
 
 
