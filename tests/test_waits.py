@@ -112,10 +112,11 @@ def test_a_rank_killed_during_backward_ends_the_job(cleanup):
     assert not left_running(token)
 
 
-def test_ranks_in_different_calls_find_out_from_the_stall_reports():
+@pytest.mark.parametrize("case", ("all_reduce", "large", "sampled"))
+def test_ranks_in_different_calls_find_out(case):
     token = f"mismatch-{uuid.uuid4().hex}"
     code, out, err, seconds = run_job(
-        "waits", 3, ["mismatch", "all_reduce", token], timeout=60)
+        "waits", 3, ["mismatch", case, token], timeout=60)
     assert code != 0, out
     for rank in range(3):
         line = re.search(rf"^rank {rank}: .*$", out, re.MULTILINE)

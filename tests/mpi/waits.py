@@ -14,11 +14,17 @@ all_gather) as MODE says, the other ranks do OP normally:
   what a later collective raises.
 - kill: the last rank SIGKILLs itself during a callback backward (OP is
   'callback').
-- mismatch: after an all_reduce of 4 elements everywhere, the last rank
-  makes one of 6 (a call it never made: compared across the ranks first)
-  while the others make the one of 4 again (not compared again): every
-  rank must learn from the stall reports that the calls differ (OP is
-  'all_reduce').
+- mismatch: every rank must learn that the calls differ, from the stall
+  reports or a comparison. OP 'all_reduce': after an all_reduce of 4
+  elements everywhere, the last rank makes one of 6 (a call it never made:
+  compared across the ranks first) while the others make the one of 4
+  again (not compared again). OP 'large': after calls of 4 elements and of
+  4 MiB everywhere, the last rank makes the small one while the others make
+  the large one, which is compared every time. OP 'sampled': after
+  all_reduces of 4 elements in place and not, the last rank makes the one
+  in place while the others make the other (the same MPI call), then every
+  rank the one not in place, up to 5000 times: about one call in 128 is
+  compared again.
 
 TOKEN only marks the processes, so that the test can check none is left.
 """
@@ -76,9 +82,24 @@ def run_op(comm, late):
     """Operation OP on every rank; the last rank misbehaves first
     (`late`). Returns what to check, or None."""
     n, r = comm.size, comm.rank
-    if MODE == "mismatch":
+    if MODE == "mismatch" and OP == "all_reduce":
         comm.all_reduce(nd(np.ones(4, np.float32)))
         comm.all_reduce(nd(np.ones(6 if late else 4, np.float32)))
+        return None
+    if MODE == "mismatch" and OP == "large":
+        small, large = nd(np.ones(4, np.float32)), nd(np.ones(1 << 20,
+                                                              np.float32))
+        comm.all_reduce(small)
+        comm.all_reduce(large)
+        comm.all_reduce(small if late else large)
+        return None
+    if MODE == "mismatch" and OP == "sampled":
+        x = nd(np.ones(4, np.float32))
+        comm.all_reduce(x, inplace=True)
+        comm.all_reduce(x, inplace=False)
+        comm.all_reduce(x, inplace=late)
+        for _ in range(5000):
+            comm.all_reduce(x, inplace=False)
         return None
     if OP == "all_reduce":
         if late:

@@ -142,6 +142,8 @@ private:
   // call's signature since the last comparison.
   std::unordered_set<uint64_t> checked_;
   uint64_t unchecked_ = 0;
+  // Calls per comparison of calls compared before, on average.
+  static constexpr uint64_t kSampledCalls = 128;
 };
 
 } // namespace nncomm
