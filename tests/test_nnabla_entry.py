@@ -64,13 +64,17 @@ def assert_data_parallel(out, stdout, stderr, one_rank):
                                    atol=1e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("how", ["factory", "create", "wrapper"])
+@pytest.mark.parametrize("how", ["factory", "create", "create_default",
+                                 "wrapper"])
 def test_nnabla_script_trains_data_parallel_under_nncomm_run(
         how, one_rank, tmp_path):
     out = str(tmp_path / "params")
     code, stdout, stderr = run(LAUNCH + ["-np", "2", SCRIPT, how, out])
     assert code == 0, stdout + stderr
     assert_data_parallel(out, stdout, stderr, one_rank)
+    # nnabla's default extension, cudnn, is not installed here.
+    assert (stderr.count("the communicator takes a CPU context") ==
+            (how == "create_default")), stderr
 
 
 def test_the_mpiexec_one_liner(one_rank, tmp_path):

@@ -12,7 +12,9 @@ Usage: train_data_parallel.py HOW OUT, where HOW is how the script gets
 its communicator:
 - factory: ``nnabla.communicators.MultiProcessDataParallelCommunicator``;
 - create: ``nnabla.utils.communicator_util.create_communicator()`` (None
-  on a single rank);
+  on a single rank), for a CPU context;
+- create_default: the same with nnabla's defaults (a cudnn context, which
+  a CPU-only machine lacks), as nnabla-examples call it;
 - wrapper: a wrapper class that catches every exception from
   ``nnabla.communicators`` and carries on single-process, as
   nnabla-examples' ``CommunicatorWrapper`` does.
@@ -55,6 +57,9 @@ if HOW == "factory":
 elif HOW == "create":
     from nnabla.utils.communicator_util import create_communicator
     comm = create_communicator(extension_module="cpu")
+elif HOW == "create_default":
+    from nnabla.utils.communicator_util import create_communicator
+    comm = create_communicator(ignore_error=True)
 else:
     comm = Wrapper(ctx).comm
 size, rank = (comm.size, comm.rank) if comm is not None else (1, 0)

@@ -26,6 +26,7 @@ import functools
 import importlib.abc
 import os
 import sys
+import warnings
 
 from nncomm.launched import SeveralRanks, job_size
 
@@ -120,7 +121,12 @@ def _create_communicator(util):
                 raises :obj:`nncomm.errors.DataParallelError`, naming the
                 cause; on a single rank nothing is created.
             extension_module (str): The context's extension, as nnabla's
-                ``get_extension_context`` takes it.
+                ``get_extension_context`` takes it. Where it is not
+                installed (nnabla's default, ``'cudnn'``, on a machine
+                with nnabla's CPU extension only), the CPU's, with a
+                warning on rank 0: nnabla-examples call this with no
+                arguments and set their own context, and no array can be
+                on an extension that is not there.
             type_config (str): Its type configuration.
 
         Returns:
@@ -132,10 +138,21 @@ def _create_communicator(util):
             return None
         from nnabla.ext_utils import get_extension_context
         with SeveralRanks("create_communicator()"):
-            context = get_extension_context(extension_module,
-                                            type_config=type_config)
+            try:
+                context = get_extension_context(extension_module,
+                                                type_config=type_config)
+                missing = None
+            except ImportError as e:
+                missing = e
+                context = get_extension_context("cpu",
+                                                type_config=type_config)
             comm = util.C.MultiProcessCommunicator(context)
             comm.init()
+        if missing is not None and comm.rank == 0:
+            warnings.warn(
+                f"create_communicator(extension_module="
+                f"{extension_module!r}): {missing}; the communicator takes "
+                f"a CPU context", RuntimeWarning)
         util._current_communicator = comm
         return comm
 
