@@ -7,7 +7,9 @@ from cpython.pycapsule cimport PyCapsule_GetPointer
 from cython.operator cimport dereference as deref
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libcpp cimport bool as cpp_bool
+from libcpp.algorithm cimport sort
 from libcpp.mutex cimport mutex
+from libcpp.utility cimport pair
 from mpi4py cimport MPI
 from libcore cimport *
 from libnncomm cimport *

@@ -96,14 +96,4 @@ cdef int check_same_stream(CudaStream a, CudaStream b, str names) except -1:
 cdef int check_distinct_memory(list arrays, str what) except -1:
     """Refuses GPU arrays whose memory overlaps (one array twice, or two
     views of the same memory), as check_distinct refuses NdArrays."""
-    cdef GpuArrays gpu = collect_gpu(arrays, what, None)
-    spans = sorted((<uintptr_t>gpu.refs[i].ptr,
-                    <uintptr_t>gpu.refs[i].ptr +
-                    gpu.refs[i].count * gpu.dtypes[i].itemsize, i)
-                   for i in range(len(arrays)))
-    for (start, end, i), (next_start, _, j) in zip(spans, spans[1:]):
-        if next_start < end:
-            raise ValueError(
-                f"{what}[{min(i, j)}] and {what}[{max(i, j)}] share memory; "
-                f"a reduction takes each array once")
-    return 0
+    return check_disjoint(collect_gpu(arrays, what, None).refs, what)

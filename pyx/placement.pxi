@@ -18,6 +18,31 @@ cdef GpuArrays device_arrays(list arrays, NnablaContext context, str what,
     return on_nnabla_stream(collect(arrays, context, what, dtype, False))
 
 
+cdef int check_disjoint(const vector[ArrayRef]& refs, str what) except -1:
+    """Refuses arrays of one call (`what`) whose memory overlaps: one array
+    twice, or two views of one array. Reduced in place, such an array would
+    count twice in the fused path and be overwritten in the direct one.
+    Arrays without memory yet (zeroing) or without elements are left out."""
+    if refs.size() < 2:
+        return 0
+    cdef vector[pair[uintptr_t, size_t]] starts
+    cdef size_t i
+    for i in range(refs.size()):
+        if refs[i].ptr != NULL and refs[i].count > 0:
+            starts.push_back(pair[uintptr_t, size_t](
+                <uintptr_t>refs[i].ptr, i))
+    sort(starts.begin(), starts.end())
+    cdef size_t k, a, b
+    for k in range(1, starts.size()):
+        a, b = starts[k - 1].second, starts[k].second
+        if starts[k].first < starts[k - 1].first + \
+                refs[a].count * dtype_size(refs[a].dtype):
+            raise ValueError(
+                f"{what}[{min(a, b)}] and {what}[{max(a, b)}] share memory; "
+                f"a collective takes each array once")
+    return 0
+
+
 cdef class Placed:
     """A call's arrays, ready for the core: their memory and dtypes, and
     where they lie (`where`: the host, or a device and the stream their

@@ -252,6 +252,22 @@ def bad_data(e):
                      ("reduce", lambda: comm.reduce((y, x, y), 0))]:
         e.expect(ValueError, "same array", f"{what} of one array twice", fn,
                  untouched=[x, y])
+    # Two NdArrays over one memory (a view, a narrow) are told apart by
+    # their memory; narrows that do not overlap are two arrays.
+    base = nd(np.arange(6, dtype=np.float32) + comm.rank)
+    for what, fn in [
+            ("all_reduce of an array and its view",
+             lambda: comm.all_reduce([base, base.view((2, 3))])),
+            ("all_reduce inplace of an array and a narrow of it",
+             lambda: comm.all_reduce([base.narrow(0, 2, 2), base],
+                                     inplace=True)),
+            ("bcast of an array and its view",
+             lambda: comm.bcast([base.view((3, 2)), base], 0))]:
+        e.expect(ValueError, "share memory", what, fn, untouched=[base])
+    comm.all_reduce([base.narrow(0, 0, 3), base.narrow(0, 3, 3)])
+    n = comm.size
+    e.ck.array(base, n * np.arange(6, dtype=np.float32) + n * (n - 1) / 2,
+               "all_reduce of two narrows of one array that do not overlap")
     # Cast after creation: the dtype nnabla holds now is what counts.
     cast = f32(3)
     cast.cast(np.uint8)
