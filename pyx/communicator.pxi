@@ -60,7 +60,11 @@ cdef class Communicator:
         """Initializes the communicator: duplicates ``MPI_COMM_WORLD`` and
         finds this process's ranks. Call it once, on every rank. With
         ``NNCOMM_TIMELINE=path`` set, starts the timeline there (see
-        :meth:`start_timeline`).
+        :meth:`start_timeline`). In a job of several ranks, an exception
+        that then ends the script aborts the job at exit (through
+        ``sys.excepthook``, after the traceback), as ``python -m mpi4py``
+        does, rather than leave the other ranks waiting for this one until
+        ``NNCOMM_TIMEOUT``.
 
         Raises:
             nncomm.errors.DataParallelError: In a job of several ranks,
@@ -78,6 +82,8 @@ cdef class Communicator:
         with SeveralRanks("initializing nncomm's communicator"):
             self._join_world()
         self._initialized = True
+        if MPI.COMM_WORLD.Get_size() > 1:
+            abort_job_on_uncaught_exceptions()
         take_sync_batch_normalization()
 
     cdef _join_world(self):

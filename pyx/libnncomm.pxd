@@ -255,6 +255,7 @@ cdef extern from "nncomm/core/wait.hpp" namespace "nncomm" nogil:
 
 cdef extern from "nncomm/core/broken_process.hpp" namespace "nncomm" nogil:
     void abort_if_broken()
+    void mark_broken(const string &reason, bool abort_soon)
 
 
 cdef extern from "nncomm/observability/flight_recorder.hpp" namespace "nncomm" nogil:

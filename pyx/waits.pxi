@@ -28,3 +28,25 @@ def _abort_if_broken():
 
 
 atexit.register(_abort_if_broken)
+
+
+cdef object _previous_excepthook = None
+
+
+def _abort_job_after(kind, value, traceback):
+    """sys.excepthook of a job of several ranks: an exception that ends
+    this rank's script aborts the job at exit (atexit's _abort_if_broken),
+    as mpi4py's runner does, instead of leaving the other ranks waiting for
+    this one until NNCOMM_TIMEOUT."""
+    _previous_excepthook(kind, value, traceback)
+    mark_broken(f"an uncaught {kind.__name__} ended the script on world "
+                f"rank {MPI.COMM_WORLD.Get_rank()}".encode(), False)
+
+
+cdef int abort_job_on_uncaught_exceptions() except -1:
+    """Installs _abort_job_after, once, over the hook in place."""
+    global _previous_excepthook
+    if _previous_excepthook is None:
+        _previous_excepthook = sys.excepthook
+        sys.excepthook = _abort_job_after
+    return 0

@@ -90,6 +90,21 @@ def test_ctrl_c_interrupts_a_wait_within_a_second(op):
     assert not left_running(token)
 
 
+@pytest.mark.parametrize("op", ["all_reduce", "callback"])
+def test_a_rank_whose_script_raises_aborts_the_job(op):
+    token = f"raise-{uuid.uuid4().hex}"
+    code, out, err, seconds = run_job(
+        "waits", 3, ["raise", op, token], env={"NNCOMM_TIMEOUT": "600"},
+        timeout=120)
+    assert code != 0, out
+    # In a hook, nnabla hands the exception on as a SystemError.
+    assert re.search(r"is aborting the job: an uncaught \w+Error ended the "
+                     r"script on world rank 2", err), err
+    assert "the last rank's script fails" in err, err  # its traceback
+    assert seconds < 30, seconds
+    assert not left_running(token)
+
+
 @pytest.mark.parametrize("cleanup", [True, False])
 def test_a_rank_killed_during_backward_ends_the_job(cleanup):
     token = f"kill-{uuid.uuid4().hex}"

@@ -14,6 +14,9 @@ all_gather) as MODE says, the other ranks do OP normally:
   what a later collective raises.
 - kill: the last rank SIGKILLs itself during a callback backward (OP is
   'callback').
+- raise: the last rank's script ends with an exception instead (under
+  plain mpiexec: its process would wait in MPI_Finalize, and the others in
+  OP until NNCOMM_TIMEOUT, but for nncomm's sys.excepthook).
 - mismatch: every rank must learn that the calls differ, from the stall
   reports or a comparison. OP 'all_reduce': after an all_reduce of 4
   elements everywhere, the last rank makes one of 6 (a call it never made:
@@ -62,6 +65,8 @@ def misbehave():
         time.sleep(60)  # the job is aborted long before
     elif MODE == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    elif MODE == "raise":
+        raise RuntimeError("the last rank's script fails")
 
 
 def sigint_soon(delay=1.0):
