@@ -8,6 +8,8 @@ cdef int all_reduce_list(_Group g, list arrays, NnablaContext context,
     """Communicator.all_reduce's work on `arrays` (checked distinct): on
     their device, or on the memory of NdArrays of `context`."""
     cdef Placed placed = place(arrays, context, "data", None, True)
+    if not placed.foreign:  # GPU arrays were checked by their memory
+        check_disjoint(placed.refs, "data")
     if division:
         check_floating(placed.dtypes, "data")
     cdef Materializer materialize = placed.materializer()

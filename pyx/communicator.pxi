@@ -599,6 +599,8 @@ cdef class Communicator:
         check_distinct(data_list, "data")
         cdef Placed arrays = place(data_list, self._context, "data",
                                    None)
+        if not arrays.foreign:  # GPU arrays were checked by memory
+            check_disjoint(arrays.refs, "data")
         if division:
             check_floating(arrays.dtypes, "data")
         cdef Status status

@@ -19,10 +19,12 @@ cdef GpuArrays device_arrays(list arrays, NnablaContext context, str what,
 
 
 cdef int check_disjoint(const vector[ArrayRef]& refs, str what) except -1:
-    """Refuses arrays of one call (`what`) whose memory overlaps: one array
-    twice, or two views of one array. Reduced in place, such an array would
-    count twice in the fused path and be overwritten in the direct one.
-    Arrays without memory yet (zeroing) or without elements are left out."""
+    """Refuses the arrays of one reduction (`what`) whose memory overlaps:
+    one array twice, or two views of one array. Reduced in place, such an
+    array would count twice in the fused path and be overwritten in the
+    direct one. Arrays without memory yet (zeroing) or without elements are
+    left out; collectives that only read a list, or write the same bytes
+    into it, take overlapping arrays."""
     if refs.size() < 2:
         return 0
     cdef vector[pair[uintptr_t, size_t]] starts
@@ -39,7 +41,7 @@ cdef int check_disjoint(const vector[ArrayRef]& refs, str what) except -1:
                 refs[a].count * dtype_size(refs[a].dtype):
             raise ValueError(
                 f"{what}[{min(a, b)}] and {what}[{max(a, b)}] share memory; "
-                f"a collective takes each array once")
+                f"a reduction takes each array once")
     return 0
 
 

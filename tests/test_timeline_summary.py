@@ -45,6 +45,19 @@ def test_device_iterations_split_where_a_bucket_comes_again():
     assert iterations[1][0]["reduce"]["ts"] == 130
 
 
+def test_iterations_of_one_bucket_each_are_told_apart():
+    events = []
+    for it, reduce in enumerate((20, 22, 18, 20, 21)):
+        events += [
+            span(0, "device", "wait_gradients", it * 100, 5, bucket=0,
+                 bytes=4),
+            span(0, "device", "reduce", it * 100 + 5, reduce, bucket=0,
+                 bytes=4)]
+    device = timeline_summary.summarize(events)[0].device
+    assert device.iterations == 5
+    assert device.reduce == 20 and device.tail == 20
+
+
 def test_device_summary_medians_over_iterations():
     events = (device_iteration(0, 0, shift=0) + device_iteration(0, 100,
               shift=4) + device_iteration(0, 200, shift=8))

@@ -51,10 +51,7 @@ def broadcast_parameters(comm, params, root=0, group="world"):
     """
     entries = _agreed(comm, lambda: _variables(params), group,
                       "broadcast_parameters", "parameters")
-    # A Variable listed twice (tied weights) is one array: a collective
-    # takes each array once.
-    comm.bcast(list(dict.fromkeys(v.data for _, v in entries)), root,
-               group=group)
+    comm.bcast([v.data for _, v in entries], root, group=group)
 
 
 def broadcast_solver_state(comm, solver, root=0, group="world"):

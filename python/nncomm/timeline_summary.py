@@ -57,7 +57,7 @@ def _end(event):
 def device_iterations(events):
     """Splits one rank's device spans into iterations: a rank writes an
     iteration's spans together, bucket by bucket, so a bucket seen again
-    begins the next iteration.
+    (after another, or a step of it seen again) begins the next iteration.
 
     Args:
         events (list of dict): One rank's ``device`` events, in the file's
@@ -71,7 +71,8 @@ def device_iterations(events):
     last = None
     for e in events:
         bucket = e["args"]["bucket"]
-        if bucket != last and bucket in current:
+        if bucket in current and (bucket != last or
+                                  e["name"] in current[bucket]):
             iterations.append(current)
             current = {}
         current.setdefault(bucket, {})[e["name"]] = e

@@ -253,7 +253,8 @@ def bad_data(e):
         e.expect(ValueError, "same array", f"{what} of one array twice", fn,
                  untouched=[x, y])
     # Two NdArrays over one memory (a view, a narrow) are told apart by
-    # their memory; narrows that do not overlap are two arrays.
+    # their memory in a reduction; narrows that do not overlap are two
+    # arrays, and a bcast writes the same bytes twice.
     base = nd(np.arange(6, dtype=np.float32) + comm.rank)
     for what, fn in [
             ("all_reduce of an array and its view",
@@ -261,13 +262,17 @@ def bad_data(e):
             ("all_reduce inplace of an array and a narrow of it",
              lambda: comm.all_reduce([base.narrow(0, 2, 2), base],
                                      inplace=True)),
-            ("bcast of an array and its view",
-             lambda: comm.bcast([base.view((3, 2)), base], 0))]:
+            ("reduce of an array and its view",
+             lambda: comm.reduce([base.view((3, 2)), base], 0))]:
         e.expect(ValueError, "share memory", what, fn, untouched=[base])
     comm.all_reduce([base.narrow(0, 0, 3), base.narrow(0, 3, 3)])
     n = comm.size
     e.ck.array(base, n * np.arange(6, dtype=np.float32) + n * (n - 1) / 2,
                "all_reduce of two narrows of one array that do not overlap")
+    mine = nd(np.arange(6, dtype=np.float32) + comm.rank)
+    comm.bcast([mine.view((3, 2)), mine], 0)
+    e.ck.array(mine, np.arange(6, dtype=np.float32),
+               "bcast of an array and its view")
     # Cast after creation: the dtype nnabla holds now is what counts.
     cast = f32(3)
     cast.cast(np.uint8)

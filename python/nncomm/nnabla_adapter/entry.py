@@ -124,7 +124,8 @@ def _create_communicator(util):
                 ``get_extension_context`` takes it. Where it is not
                 installed (nnabla's default, ``'cudnn'``, on a machine
                 with nnabla's CPU extension only), the CPU's, with a
-                warning on rank 0: nnabla-examples call this with no
+                warning on each rank that fell back: nnabla-examples call
+                this with no
                 arguments and set their own context, and no array can be
                 on an extension that is not there.
             type_config (str): Its type configuration.
@@ -148,7 +149,7 @@ def _create_communicator(util):
                                                 type_config=type_config)
             comm = util.C.MultiProcessCommunicator(context)
             comm.init()
-        if missing is not None and comm.rank == 0:
+        if missing is not None:
             warnings.warn(
                 f"create_communicator(extension_module="
                 f"{extension_module!r}): {missing}; the communicator takes "
