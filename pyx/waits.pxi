@@ -37,8 +37,11 @@ def _abort_job_after(kind, value, traceback):
     """sys.excepthook of a job of several ranks: an exception that ends
     this rank's script aborts the job at exit (atexit's _abort_if_broken),
     as mpi4py's runner does, instead of leaving the other ranks waiting for
-    this one until NNCOMM_TIMEOUT."""
+    this one until NNCOMM_TIMEOUT. At an interactive prompt (python -i) a
+    traceback ends no script, and nothing more happens."""
     _previous_excepthook(kind, value, traceback)
+    if sys.flags.interactive or hasattr(sys, "ps1"):
+        return
     mark_broken(f"an uncaught {kind.__name__} ended the script on world "
                 f"rank {MPI.COMM_WORLD.Get_rank()}".encode(), False)
 
