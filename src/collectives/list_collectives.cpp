@@ -259,9 +259,9 @@ private:
 
 // Calls moving this much are compared every time: the comparison (one
 // 16-byte all-reduce, about 13 µs on 2 ranks of the CI machine) costs 3 %
-// or less of them (0.5-2 ms there), and a rank making one
-// while another makes a smaller call is then stopped before their data
-// meet (the stall reports tell their calls apart).
+// or less of them (0.5-2 ms there), and a rank making one while another
+// makes a smaller call is then stopped before their data meet (the stall
+// reports tell their calls apart).
 constexpr size_t kAlwaysComparedBytes = size_t(4) << 20;
 
 // Fails on every rank unless all ranks make the same call, as
