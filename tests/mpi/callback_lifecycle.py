@@ -91,14 +91,18 @@ class Steps:
                 return []
         reduced = [np.array(p.grad.data) for p in self.params]
         self.backward(same_data=True)
-        gathered = world_gather(self.grads)
+        self.check_mean(what, reduced, world_gather(self.grads))
+        return [str(w.message) for w in caught
+                if issubclass(w.category, RuntimeWarning)]
+
+    def check_mean(self, what, reduced, gathered):
+        """`reduced`, one array per parameter, is the mean of every rank's
+        gradients `gathered` (world_gather's)."""
         for i, got in enumerate(reduced):
             ref, tol = scaled_reference([gathered[r][i] for r in self.world],
                                         1, True)
             self.ck.array(got, ref, f"{what}: {self.names[i]}", np.float32,
                           tol)
-        return [str(w.message) for w in caught
-                if issubclass(w.category, RuntimeWarning)]
 
     def correct(self, what, make_cb):
         """A plain backward, then one with `make_cb()`: equal to all_reduce
@@ -110,11 +114,7 @@ class Steps:
         except Exception as e:
             self.ck.fail(what, f"backward raised {exception_chain(e)}")
             return
-        for i, p in enumerate(self.params):
-            ref, tol = scaled_reference([gathered[r][i] for r in self.world],
-                                        1, True)
-            self.ck.array(p.grad, ref, f"{what}: {self.names[i]}",
-                          np.float32, tol)
+        self.check_mean(what, self.grads, gathered)
 
 
 def failing_hook(ranks, at=3):
@@ -245,11 +245,8 @@ def mispredicted(s):
                       for w in caught),
                   "an analysis predicting a function backward never calls: "
                   "the solver step warns", str(caught))
-        for i, p in enumerate(s.params):
-            ref, tol = scaled_reference([gathered[r][i] for r in s.world],
-                                        1, True)
-            s.ck.array(p.grad, ref, f"... and the solver gets the reduced "
-                       f"gradients: {s.names[i]}", np.float32, tol)
+        s.check_mean("... and the solver gets the reduced gradients",
+                     s.grads, gathered)
         same = world_gather([p.data for p in s.params])
         s.ck.true(all(np.array_equal(a, b) for r in s.world
                       for a, b in zip(same[0], same[r])),
