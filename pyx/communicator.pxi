@@ -64,7 +64,9 @@ cdef class Communicator:
         that then ends the script aborts the job at exit (through
         ``sys.excepthook``, after the traceback), as ``python -m mpi4py``
         does, rather than leave the other ranks waiting for this one until
-        ``NNCOMM_TIMEOUT``.
+        ``NNCOMM_TIMEOUT``; a script that ends, and ``sys.exit()``, make
+        the ranks that wait for this one raise
+        :class:`~nncomm.CommunicatorError` within seconds.
 
         Raises:
             nncomm.errors.DataParallelError: In a job of several ranks,
@@ -96,6 +98,9 @@ cdef class Communicator:
         cdef Status status
         with nogil:
             status = Group.Create(comm, &world.core)
+        CHKSTATUS(status)
+        with nogil:
+            status = listen_for_ended_ranks()
         CHKSTATUS(status)
         _agree_on_settings(world)
         self._workers = _gather_workers(world)

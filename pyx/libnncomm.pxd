@@ -258,6 +258,11 @@ cdef extern from "nncomm/core/broken_process.hpp" namespace "nncomm" nogil:
     void mark_broken(const string &reason, bool abort_soon)
 
 
+cdef extern from "nncomm/transports/ended_ranks.hpp" namespace "nncomm" nogil:
+    Status listen_for_ended_ranks()
+    void announce_end()
+
+
 cdef extern from "nncomm/observability/flight_recorder.hpp" namespace "nncomm" nogil:
     cdef cppclass FlightRecorder:
         @staticmethod

@@ -1,7 +1,9 @@
 # What the module sets up once per process: Python's signal handlers run
-# during waits for other ranks (Ctrl-C interrupts them), and a process
-# whose wait failed aborts the job at exit instead of hanging in
-# MPI_Finalize with an operation pending (src/core/broken_process.cpp).
+# during waits for other ranks (Ctrl-C interrupts them), a process whose
+# wait failed aborts the job at exit instead of hanging in MPI_Finalize
+# with an operation pending (src/core/broken_process.cpp), and one that
+# exits otherwise tells the other ranks, whose waits for it then fail
+# (src/transports/ended_ranks.cpp).
 
 
 cdef extern from "Python.h":
@@ -22,12 +24,13 @@ cdef int run_signal_handlers() noexcept nogil:
 set_interrupt_check(run_signal_handlers)
 
 
-def _abort_if_broken():
+def _at_exit():
     with nogil:
         abort_if_broken()
+        announce_end()
 
 
-atexit.register(_abort_if_broken)
+atexit.register(_at_exit)
 
 
 cdef object _previous_excepthook = None
@@ -35,7 +38,7 @@ cdef object _previous_excepthook = None
 
 def _abort_job_after(kind, value, traceback):
     """sys.excepthook of a job of several ranks: an exception that ends
-    this rank's script aborts the job at exit (atexit's _abort_if_broken),
+    this rank's script aborts the job at exit (atexit's _at_exit),
     as mpi4py's runner does, instead of leaving the other ranks waiting for
     this one until NNCOMM_TIMEOUT. At an interactive prompt (python -i) a
     traceback ends no script, and nothing more happens."""

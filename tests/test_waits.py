@@ -4,17 +4,22 @@ from the stall reports within seconds), a rank that never comes
 (NNCOMM_TIMEOUT: every other rank raises CommunicatorError naming it, then
 the job is aborted), Ctrl-C (KeyboardInterrupt within a second), a rank
 killed during a callback backward (with mpiexec's clean-up and without:
-the others exit non-zero within NNCOMM_TIMEOUT + 5 s). After each job, no
+the others exit non-zero within NNCOMM_TIMEOUT + 5 s), a rank whose
+script ends (the others raise CommunicatorError naming it within
+seconds). After each job, no
 process of it is left running. The worker is tests/mpi/waits.py.
 """
+import os
 import re
 import subprocess
+import sys
 import time
 import uuid
 
 import pytest
 
-from launcher import run_job
+from launcher import (WORKERS, run_job, run_program, worker_command,
+                      worker_env)
 
 MISSING = re.compile(r"world ranks \[(\d+(?:, \d+)*)\] never arrived")
 
@@ -101,6 +106,27 @@ def test_a_rank_whose_script_raises_aborts_the_job(op):
     assert re.search(r"is aborting the job: an uncaught \w+Error ended the "
                      r"script on world rank 2", err), err
     assert "the last rank's script fails" in err, err  # its traceback
+    assert seconds < 30, seconds
+    assert not left_running(token)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "callback"])
+def test_a_rank_whose_script_ends_fails_the_waits_for_it(op):
+    token = f"exit-{uuid.uuid4().hex}"
+    args = ["exit", op, token]
+    # sys.exit(3) as a plain script: mpi4py's runner would abort the job.
+    program = worker_command("waits", args) if op == "all_reduce" else \
+        [sys.executable, os.path.join(WORKERS, "waits.py"), *args]
+    code, out, err, seconds = run_program(
+        program, 3, worker_env({"NNCOMM_TIMEOUT": "600"}), timeout=120)
+    assert code != 0, out
+    for rank in (0, 1):
+        line = re.search(rf"^rank {rank}: .*$", out, re.MULTILINE)
+        assert line is not None, out + err
+        assert "CommunicatorError" in line.group(0), line.group(0)
+        assert "the script of world ranks [2] ended without making this " \
+               "call" in line.group(0), line.group(0)
+    # A second of waiting, a second's grace, then the abort.
     assert seconds < 30, seconds
     assert not left_running(token)
 

@@ -123,6 +123,18 @@ Status wait_for(Work &work, bool warn, const Polling *polling) {
         mark_broken(message, true);
         return Status::InvalidArgument(message);
       }
+      if (!seen.ended.empty()) {
+        const std::string message =
+            OperationLabel::current() + " (" + work.describe() +
+            ") cannot complete: the script of world ranks " +
+            rank_list(seen.ended) +
+            " ended without making this call (fewer batches than the "
+            "others? comm.join() lets ranks with uneven data train "
+            "together)";
+        trace_stall("ended", message);
+        mark_broken(message, true);
+        return Status::Communicator(message);
+      }
       const double waited = std::chrono::duration<double>(now - start).count();
       // Every stalled rank, not only the one that reports: the job may be
       // killed before any wait times out.

@@ -15,6 +15,7 @@
 #include "nncomm/host/huge_pages.hpp"
 #include "nncomm/host/elementwise.hpp"
 #include "nncomm/core/wait.hpp"
+#include "nncomm/transports/ended_ranks.hpp"
 #include "nncomm/transports/mpi_failure.hpp"
 
 namespace nncomm {
@@ -151,6 +152,7 @@ public:
     stall.known = true;
     stall.missing = inspector_->missing(at_);
     stall.differing = inspector_->differing(at_);
+    stall.ended = ended_among(stall.missing);
     return stall;
   }
 

@@ -17,6 +17,11 @@ all_gather) as MODE says, the other ranks do OP normally:
 - raise: the last rank's script ends with an exception instead (under
   plain mpiexec: its process would wait in MPI_Finalize, and the others in
   OP until NNCOMM_TIMEOUT, but for nncomm's sys.excepthook).
+- exit: the last rank's script ends before operation OP, with
+  sys.exit(0) before an all_reduce (a rank with fewer batches), sys.exit(3)
+  before a callback backward (one that gave up: under plain mpiexec, since
+  mpi4py's runner aborts the job on a non-zero code itself); each other
+  rank prints the CommunicatorError it gets and re-raises it.
 - mismatch: every rank must learn that the calls differ, from the stall
   reports or a comparison. OP 'all_reduce': after an all_reduce of 4
   elements everywhere, the last rank makes one of 6 (a call it never made:
@@ -165,6 +170,8 @@ def main():
         return
     ck = Checker("waits")
     comm, _ = make_comm()
+    if MODE == "exit" and late:
+        sys.exit(0 if OP == "all_reduce" else 3)
     sent = sigint_soon() if MODE == "interrupt" and comm.rank == 0 else None
     try:
         result = run_op(comm, late)

@@ -5,7 +5,8 @@
 // A wait is bounded (config::timeout_seconds()), reports stalls (group
 // rank 0 prints which ranks have not arrived, config::
 // stall_warning_seconds()) and fails at once when the ranks are found making
-// different calls (Work::inspect). A wait that timed out or was interrupted
+// different calls, or a rank it waits for has ended its script
+// (Work::inspect). A wait that timed out or was interrupted
 // leaves an operation that will never complete, so no rank can tell any
 // more which calls the others will match: every later operation of the
 // process fails at once (refuse_if_broken), and the job is aborted, at exit
