@@ -64,8 +64,9 @@ cdef class Communicator:
         that then ends the script aborts the job at exit (through
         ``sys.excepthook``, after the traceback), as ``python -m mpi4py``
         does, rather than leave the other ranks waiting for this one until
-        ``NNCOMM_TIMEOUT``; a script that ends, and ``sys.exit()``, make
-        the ranks that wait for this one raise
+        ``NNCOMM_TIMEOUT``; a script that ends otherwise (``sys.exit()``,
+        ``MPI.Finalize()`` included) makes the ranks that wait for this
+        one in a call it never made raise
         :class:`~nncomm.CommunicatorError` within seconds.
 
         Raises:

@@ -254,13 +254,12 @@ cdef extern from "nncomm/core/wait.hpp" namespace "nncomm" nogil:
 
 
 cdef extern from "nncomm/core/broken_process.hpp" namespace "nncomm" nogil:
-    void abort_if_broken()
     void mark_broken(const string &reason, bool abort_soon)
 
 
 cdef extern from "nncomm/transports/ended_ranks.hpp" namespace "nncomm" nogil:
     Status listen_for_ended_ranks()
-    void announce_end()
+    void leave_job()
 
 
 cdef extern from "nncomm/observability/flight_recorder.hpp" namespace "nncomm" nogil:

@@ -26,8 +26,7 @@ set_interrupt_check(run_signal_handlers)
 
 def _at_exit():
     with nogil:
-        abort_if_broken()
-        announce_end()
+        leave_job()
 
 
 atexit.register(_at_exit)

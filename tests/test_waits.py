@@ -5,8 +5,8 @@ from the stall reports within seconds), a rank that never comes
 the job is aborted), Ctrl-C (KeyboardInterrupt within a second), a rank
 killed during a callback backward (with mpiexec's clean-up and without:
 the others exit non-zero within NNCOMM_TIMEOUT + 5 s), a rank whose
-script ends (the others raise CommunicatorError naming it within
-seconds). After each job, no
+script ends before a call (the others raise CommunicatorError naming it
+within seconds; not where it made the call and ended first). After each job, no
 process of it is left running. The worker is tests/mpi/waits.py.
 """
 import os
@@ -110,12 +110,12 @@ def test_a_rank_whose_script_raises_aborts_the_job(op):
     assert not left_running(token)
 
 
-@pytest.mark.parametrize("op", ["all_reduce", "callback"])
+@pytest.mark.parametrize("op", ["all_reduce", "callback", "barrier"])
 def test_a_rank_whose_script_ends_fails_the_waits_for_it(op):
     token = f"exit-{uuid.uuid4().hex}"
     args = ["exit", op, token]
     # sys.exit(3) as a plain script: mpi4py's runner would abort the job.
-    program = worker_command("waits", args) if op == "all_reduce" else \
+    program = worker_command("waits", args) if op != "callback" else \
         [sys.executable, os.path.join(WORKERS, "waits.py"), *args]
     code, out, err, seconds = run_program(
         program, 3, worker_env({"NNCOMM_TIMEOUT": "600"}), timeout=120)
@@ -129,6 +129,16 @@ def test_a_rank_whose_script_ends_fails_the_waits_for_it(op):
     # A second of waiting, a second's grace, then the abort.
     assert seconds < 30, seconds
     assert not left_running(token)
+
+
+@pytest.mark.parametrize("op", ["bcast", "reduce"])
+def test_a_rank_that_made_the_call_may_end_first(op):
+    # Rank 1 ends while the root still waits for the late rank 2.
+    code, out, err, _ = run_job("waits", 3, ["finish", op, "finish"],
+                                timeout=90)
+    assert code == 0, out + err
+    for rank in range(3):
+        assert f"rank {rank}: finished, right" in out, out + err
 
 
 @pytest.mark.parametrize("cleanup", [True, False])

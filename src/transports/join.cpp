@@ -70,7 +70,6 @@ struct Scope {
 std::mutex mutex; // guards what follows
 std::atomic<bool> scope_open{false};
 Scope *scope = nullptr;
-std::unordered_map<uint64_t, MpiTransport *> enrolled;
 
 // Leavers find the transports of an operation by id on their own thread,
 // where the waits they make poll too.
@@ -323,16 +322,10 @@ Status merge(const MpiTransport &t, uint64_t seq,
 
 bool Join::open() { return scope_open.load(std::memory_order_relaxed); }
 
-void Join::enroll(MpiTransport *t) {
-  std::lock_guard<std::mutex> lock(mutex);
-  enrolled[t->id()] = t;
-}
-
 void Join::withdraw(MpiTransport *t) {
+  // Under the scope's lock: a transport found by id (MpiTransport::find)
+  // lives while the lock is held.
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = enrolled.find(t->id());
-  if (it != enrolled.end() && it->second == t)
-    enrolled.erase(it);
   if (scope != nullptr)
     scope->tracks.erase(t);
 }
@@ -427,12 +420,12 @@ Status Join::Leave(uint64_t steps, int *last, bool *terminated) {
     Notice mine;
     mine.steps = steps;
     std::vector<uint64_t> words = {steps, 0};
-    for (const auto &e : enrolled) {
-      mine.seqs[e.first] = e.second->seq();
-      mine.trained += e.second->seq();
-      words.push_back(e.first);
-      words.push_back(e.second->seq());
-    }
+    MpiTransport::for_each([&](MpiTransport &t) {
+      mine.seqs[t.id()] = t.seq();
+      mine.trained += t.seq();
+      words.push_back(t.id());
+      words.push_back(t.seq());
+    });
     words[1] = mine.trained;
     for (int r : scope->world) {
       if (r != scope->me)
@@ -458,14 +451,14 @@ Status Join::Leave(uint64_t steps, int *last, bool *terminated) {
       for (auto &entry : scope->inbox) {
         if (entry.second.empty() || flights.count(entry.first))
           continue;
-        auto t = enrolled.find(entry.first);
-        if (t == enrolled.end()) {
+        MpiTransport *t = MpiTransport::find(entry.first);
+        if (t == nullptr) {
           fail("world rank " + std::to_string(scope->me) +
                " left comm.join() and has no communicator for an operation "
                "the ranks still training make (one made after it left?)");
           break;
         }
-        const uint64_t next = t->second->seq() + 1;
+        const uint64_t next = t->seq() + 1;
         auto op = entry.second.begin();
         if (op->first != next) {
           if (op->first < next)
@@ -474,13 +467,13 @@ Status Join::Leave(uint64_t steps, int *last, bool *terminated) {
         }
         ShadowOp merged;
         bool ready = false;
-        Status status = merge(*t->second, next, op->second, &ready, &merged);
+        Status status = merge(*t, next, op->second, &ready, &merged);
         if (!status.ok()) {
           fail(status.message());
           break;
         }
         if (ready) {
-          to_start.emplace_back(t->second, std::move(merged));
+          to_start.emplace_back(t, std::move(merged));
           entry.second.erase(op);
         }
       }
@@ -589,8 +582,7 @@ void Join::Close() {
   if (scope == nullptr)
     return;
   scope_open = false;
-  for (auto &e : enrolled)
-    e.second->forget_calls();
+  MpiTransport::for_each([](MpiTransport &t) { t.forget_calls(); });
   // Every message was taken, except errors to ranks that stopped taking
   // them: a second for those, then they are dropped.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);

@@ -5,9 +5,11 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include "nncomm/host/bfloat16.hpp"
 #include "nncomm/observability/config.hpp"
@@ -116,10 +118,10 @@ void abort_world(const char *reason) {
 class Pieces : public Work {
 public:
   // `inspector`: the transport's (null while it is being created); `at`:
-  // the operation, as begin() opened it, in `flight`.
+  // the operation, as begin() opened it, in `flight`, on transport `id`.
   Pieces(StallInspector *inspector, const StallInspector::Position &at,
-         FlightRecorder &flight, const char *call, size_t pieces)
-      : inspector_(inspector), at_(at), flight_(flight), call_(call),
+         uint64_t id, FlightRecorder &flight, const char *call, size_t pieces)
+      : inspector_(inspector), at_(at), id_(id), flight_(flight), call_(call),
         pieces_(pieces) {}
 
   Status begin() {
@@ -152,7 +154,7 @@ public:
     stall.known = true;
     stall.missing = inspector_->missing(at_);
     stall.differing = inspector_->differing(at_);
-    stall.ended = ended_among(stall.missing);
+    stall.ended = ended_before(stall.missing, id_, at_.seq);
     return stall;
   }
 
@@ -189,6 +191,7 @@ private:
 
   StallInspector *const inspector_;
   const StallInspector::Position at_;
+  const uint64_t id_;
   FlightRecorder &flight_;
   const char *call_;
   const size_t pieces_;
@@ -206,10 +209,10 @@ template <typename Start, typename Finish>
 class Calls final : public Pieces {
 public:
   Calls(StallInspector *inspector, const StallInspector::Position &at,
-        FlightRecorder &flight, const char *call, size_t pieces, Start start,
-        Finish finish)
-      : Pieces(inspector, at, flight, call, pieces), start_(std::move(start)),
-        finish_(std::move(finish)) {}
+        uint64_t id, FlightRecorder &flight, const char *call, size_t pieces,
+        Start start, Finish finish)
+      : Pieces(inspector, at, id, flight, call, pieces),
+        start_(std::move(start)), finish_(std::move(finish)) {}
 
 private:
   int start(size_t i, MPI_Request *request) override {
@@ -220,6 +223,12 @@ private:
   const Start start_;
   const Finish finish_;
 };
+
+// The transports alive, by id, and the operations begun on each one
+// destroyed (MpiTransport::find, for_each, operations_begun).
+std::mutex registry_mutex;
+std::unordered_map<uint64_t, MpiTransport *> registered;
+std::unordered_map<uint64_t, uint64_t> destroyed;
 
 // Elements of piece `i` of `count` split into pieces of `step`.
 int piece_count(size_t i, size_t step, size_t count) {
@@ -252,8 +261,8 @@ template <typename Start, typename Finish>
 Status MpiTransport::start_pieces(const char *call, size_t pieces,
                                   Start start, Finish finish, WorkPtr *work) {
   std::unique_ptr<Pieces> started(
-      new Calls<Start, Finish>(inspector_.get(), at_, flight_, call, pieces,
-                               std::move(start), std::move(finish)));
+      new Calls<Start, Finish>(inspector_.get(), at_, id_, flight_, call,
+                               pieces, std::move(start), std::move(finish)));
   NNCOMM_RETURN_IF_ERROR(started->begin());
   *work = std::move(started);
   return Status::Ok();
@@ -376,7 +385,7 @@ Status MpiTransport::Init(MPI_Request *created) {
         begin(described(ShadowOp::Kind::kDuplicate, "create", 0,
                         DType::kInt64));
     if (status.ok()) {
-      Calls creation(inspector_.get(), at_, flight_, "MPI_Comm_idup", 1,
+      Calls creation(inspector_.get(), at_, id_, flight_, "MPI_Comm_idup", 1,
                      [created](size_t, MPI_Request *request) {
                        *request = *created;
                        return MPI_SUCCESS;
@@ -427,12 +436,45 @@ Status MpiTransport::Init(MPI_Request *created) {
   NNCOMM_RETURN_IF_ERROR(
       HierarchicalAllreduce::Create(comm_, rank_, node, &two_level_));
   created_seq_ = at_.seq;
-  Join::enroll(this);
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  registered[id_] = this;
   return Status::Ok();
+}
+
+MpiTransport *MpiTransport::find(uint64_t id) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  const auto it = registered.find(id);
+  return it == registered.end() ? nullptr : it->second;
+}
+
+void MpiTransport::for_each(const std::function<void(MpiTransport &)> &f) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  for (auto &e : registered)
+    f(*e.second);
+}
+
+std::vector<uint64_t> MpiTransport::operations_begun() {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  std::vector<uint64_t> out;
+  for (const auto &e : destroyed) {
+    if (registered.count(e.first) == 0)
+      out.insert(out.end(), {e.first, e.second});
+  }
+  for (const auto &e : registered)
+    out.insert(out.end(), {e.first, e.second->seq()});
+  return out;
 }
 
 MpiTransport::~MpiTransport() {
   Join::withdraw(this);
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    auto it = registered.find(id_);
+    if (it != registered.end() && it->second == this) {
+      registered.erase(it);
+      destroyed[id_] = at_.seq;
+    }
+  }
   inspector_.reset();
   int finalized = 1;
   MPI_Finalized(&finalized);

@@ -2,7 +2,7 @@
 
 Run by tests/test_waits.py as ``waits.py MODE OP TOKEN``: the LAST rank
 misbehaves at operation OP (all_reduce, callback, barrier, init, bcast,
-all_gather) as MODE says, the other ranks do OP normally:
+reduce, all_gather) as MODE says, the other ranks do OP normally:
 
 - stall: the last rank comes 3.5 s late (run with NNCOMM_STALL_WARNING=1);
   the results are still checked, and the test reads rank 0's stall
@@ -20,8 +20,15 @@ all_gather) as MODE says, the other ranks do OP normally:
 - exit: the last rank's script ends before operation OP, with
   sys.exit(0) before an all_reduce (a rank with fewer batches), sys.exit(3)
   before a callback backward (one that gave up: under plain mpiexec, since
-  mpi4py's runner aborts the job on a non-zero code itself); each other
-  rank prints the CommunicatorError it gets and re-raises it.
+  mpi4py's runner aborts the job on a non-zero code itself), MPI.Finalize()
+  then sys.exit(0) before a barrier; each other rank prints the
+  CommunicatorError it gets and re-raises it.
+- finish: the last rank comes 3.5 s late (as in stall) to a bcast of
+  64 KiB or a reduce, rooted at rank 0, made once in time before (so that
+  it is not compared again); every rank ends as soon as its own
+  part is done, rank 1 long before the root, and prints whether its result
+  is right. A rank that made the call and ended is no cause for the
+  others' waits to fail.
 - mismatch: every rank must learn that the calls differ, from the stall
   reports or a comparison. OP 'all_reduce': after an all_reduce of 4
   elements everywhere, the last rank makes one of 6 (a call it never made:
@@ -64,7 +71,7 @@ def say(text):
 
 def misbehave():
     """What the last rank does instead of operation OP."""
-    if MODE == "stall":
+    if MODE in ("stall", "finish"):
         time.sleep(3.5)
     elif MODE in ("timeout", "interrupt"):
         time.sleep(60)  # the job is aborted long before
@@ -120,9 +127,16 @@ def run_op(comm, late):
     if OP == "bcast":
         if late:
             misbehave()
-        x = nd(np.full(3, r, np.float32))
+        x = nd(np.full(1 << 14, r, np.float32))
         comm.bcast(x, src=0)
-        return x, np.zeros(3, np.float32)
+        return x, np.zeros(1 << 14, np.float32)
+    if OP == "reduce":
+        if late:
+            misbehave()
+        x = nd(np.full(4, r + 1.0, np.float32))
+        comm.reduce(x, 0)
+        return (x, np.full(4, n * (n + 1) / 2, np.float32)) if r == 0 \
+            else None
     if OP == "all_gather":
         if late:
             misbehave()
@@ -171,9 +185,14 @@ def main():
     ck = Checker("waits")
     comm, _ = make_comm()
     if MODE == "exit" and late:
-        sys.exit(0 if OP == "all_reduce" else 3)
+        if OP == "barrier":
+            MPI.Finalize()  # as many mpi4py scripts end
+        sys.exit(3 if OP == "callback" else 0)
     sent = sigint_soon() if MODE == "interrupt" and comm.rank == 0 else None
     try:
+        if MODE == "finish":
+            # Once in time: the late call is then not compared again.
+            run_op(comm, False)
         result = run_op(comm, late)
     except BaseException as e:
         # Raised in a hook, nnabla hands it on inside SystemErrors.
@@ -188,6 +207,11 @@ def main():
         else:
             say(f"rank {comm.rank}: {chain}")
         raise
+    if MODE == "finish":
+        right = result is None or np.array_equal(result[0].data, result[1])
+        print(f"rank {comm.rank}: finished, {'right' if right else 'WRONG'}",
+              flush=True)
+        return
     if result is not None:
         ck.array(*result, f"{OP} after a late rank")
     ck.finish()

@@ -1,31 +1,35 @@
 // Ranks whose script has ended. A rank that exits while the others still
 // wait for it in an operation leaves them waiting until NNCOMM_TIMEOUT (it
 // sits in MPI_Finalize, alive to mpiexec): the usual cause is a rank with
-// fewer batches than the others, or one that called sys.exit(). So at
-// exit each rank tells every other one, in a message of no bytes on a
-// duplicate of the world communicator; a wait that has lasted a second
-// looks for these (Work::inspect), and one that waits for a rank that has
-// ended fails, naming it. Healthy training sends nothing until exit.
+// fewer batches than the others, or one that called sys.exit(). So as it
+// leaves, each rank tells every other one how many operations it began on
+// each of its communicators (MpiTransport::operations_begun), on a
+// duplicate of the world communicator. A wait that has lasted a second
+// looks for these notices (Work::inspect) and fails when a rank it still
+// misses ended before this operation; one that made it and ended (a
+// broadcast's root whose part was done) is no cause: the wait goes on for
+// the others. Healthy training sends nothing until exit; each rank then
+// sends n - 1 small messages, which no rank may receive.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "nncomm/core/status.hpp"
 
 namespace nncomm {
 
-// Seconds between learning that a rank ended and failing a wait for it:
-// whatever it sent before it ended has arrived by then.
-constexpr double kEndedGraceSeconds = 1.0;
-
-// Opens the notices' communicator, once per process. Collective over the
-// world.
+// Opens the notices' communicator, once per process, and has
+// MPI_Finalize call leave_job() (through an attribute of MPI_COMM_SELF),
+// for scripts that finalize MPI themselves. Collective over the world.
 Status listen_for_ended_ranks();
-// This process's script has ended: tells every other world rank. Called at
-// interpreter exit, before MPI is finalized.
-void announce_end();
-// Of `world_ranks`, those known for kEndedGraceSeconds to have ended.
-// Safe from any thread.
-std::vector<int> ended_among(const std::vector<int> &world_ranks);
+// This process is done: aborts the job if a wait failed
+// (broken_process.hpp), else sends its notice to every other world rank.
+// Once, at interpreter exit or in MPI_Finalize, whichever comes first.
+void leave_job();
+// Of `world_ranks`, those known to have ended having begun fewer than
+// `seq` operations on transport `transport`. Safe from any thread.
+std::vector<int> ended_before(const std::vector<int> &world_ranks,
+                              uint64_t transport, uint64_t seq);
 
 } // namespace nncomm

@@ -102,9 +102,7 @@ public:
   // Whether world rank `world_rank` has left, as this rank knows.
   static bool left(int world_rank);
 
-  // Every MpiTransport enrolls while it lives, so that a rank that left
-  // can find the one an operation is on by its id.
-  static void enroll(MpiTransport *t);
+  // A transport is being destroyed: the scope forgets what it kept of it.
   static void withdraw(MpiTransport *t);
 
 };

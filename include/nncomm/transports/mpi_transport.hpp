@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_set>
 #include <vector>
@@ -74,8 +75,9 @@ public:
   // Ends the whole job: MPI_Abort on this communicator.
   void abort(int errorcode) const;
 
-  // For Join (join.hpp). The same on every rank: `id` names the transport
-  // (by how it was made), `seq` counts its operations.
+  // For Join (join.hpp) and the end notices (ended_ranks.hpp). The same on
+  // every rank: `id` names the transport (by how it was made), `seq`
+  // counts its operations.
   uint64_t id() const { return id_; }
   uint64_t seq() const { return at_.seq; }
   uint64_t created_seq() const { return created_seq_; }
@@ -91,6 +93,15 @@ public:
   // Forgets which calls were compared (after a join, whose leavers did
   // not make the others' calls).
   void forget_calls();
+
+  // Every transport of the process registers while it lives. The one of
+  // id `id`, or null.
+  static MpiTransport *find(uint64_t id);
+  // Calls `f` on each transport alive (a lock is held meanwhile).
+  static void for_each(const std::function<void(MpiTransport &)> &f);
+  // The operations begun on each transport, by id: {id, seq} pairs, those
+  // of transports destroyed since included.
+  static std::vector<uint64_t> operations_begun();
 
 private:
   friend class Join; // Open() duplicates the communicator for its messages
