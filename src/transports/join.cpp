@@ -323,8 +323,9 @@ Status merge(const MpiTransport &t, uint64_t seq,
 bool Join::open() { return scope_open.load(std::memory_order_relaxed); }
 
 void Join::withdraw(MpiTransport *t) {
-  // Under the scope's lock: a transport found by id (MpiTransport::find)
-  // lives while the lock is held.
+  // Under the scope's lock, so that a transport Join found by id
+  // (MpiTransport::find, before the transport left the registry) lives
+  // while Join holds the lock.
   std::lock_guard<std::mutex> lock(mutex);
   if (scope != nullptr)
     scope->tracks.erase(t);

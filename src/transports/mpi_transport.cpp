@@ -466,7 +466,6 @@ std::vector<uint64_t> MpiTransport::operations_begun() {
 }
 
 MpiTransport::~MpiTransport() {
-  Join::withdraw(this);
   {
     std::lock_guard<std::mutex> lock(registry_mutex);
     auto it = registered.find(id_);
@@ -475,6 +474,8 @@ MpiTransport::~MpiTransport() {
       destroyed[id_] = at_.seq;
     }
   }
+  // After: Join may hold this transport, found before, until it lets go.
+  Join::withdraw(this);
   inspector_.reset();
   int finalized = 1;
   MPI_Finalized(&finalized);
