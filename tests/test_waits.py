@@ -110,7 +110,8 @@ def test_a_rank_whose_script_raises_aborts_the_job(op):
     assert not left_running(token)
 
 
-@pytest.mark.parametrize("op", ["all_reduce", "callback", "barrier"])
+@pytest.mark.parametrize("op", ["all_reduce", "callback", "barrier",
+                                "communicator"])
 def test_a_rank_whose_script_ends_fails_the_waits_for_it(op):
     token = f"exit-{uuid.uuid4().hex}"
     args = ["exit", op, token]

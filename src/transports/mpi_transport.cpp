@@ -199,6 +199,54 @@ private:
   MPI_Request request_ = MPI_REQUEST_NULL;
 };
 
+// The wait that completes a new communicator: it has no stall reports
+// (its ranks do not know it yet), but a rank of `makers` (world ranks)
+// that ended without making it is found from the end notices.
+class Creation final : public Work {
+public:
+  Creation(Work &idup, std::vector<int> makers, uint64_t id, uint64_t seq)
+      : idup_(idup), makers_(std::move(makers)), id_(id), seq_(seq) {}
+  Status test(bool *done) override { return idup_.test(done); }
+  Stall inspect() override {
+    Stall stall;
+    stall.ended = ended_before(makers_, id_, seq_);
+    return stall;
+  }
+  std::string describe() const override { return idup_.describe(); }
+
+private:
+  Work &idup_;
+  const std::vector<int> makers_;
+  const uint64_t id_;
+  const uint64_t seq_;
+};
+
+// Sets `*out` to the world rank of each rank of `comm`; returns MPI's
+// error code.
+int world_ranks_of(MPI_Comm comm, std::vector<int> *out) {
+  int size = 0;
+  int err = MPI_Comm_size(comm, &size);
+  if (err != MPI_SUCCESS)
+    return err;
+  std::vector<int> ranks(size);
+  out->assign(size, MPI_UNDEFINED);
+  for (int r = 0; r < size; ++r)
+    ranks[r] = r;
+  MPI_Group own = MPI_GROUP_NULL;
+  MPI_Group world = MPI_GROUP_NULL;
+  err = MPI_Comm_group(comm, &own);
+  if (err == MPI_SUCCESS)
+    err = MPI_Comm_group(MPI_COMM_WORLD, &world);
+  if (err == MPI_SUCCESS)
+    err = MPI_Group_translate_ranks(own, size, ranks.data(), world,
+                                    out->data());
+  if (own != MPI_GROUP_NULL)
+    MPI_Group_free(&own);
+  if (world != MPI_GROUP_NULL)
+    MPI_Group_free(&world);
+  return err;
+}
+
 // The `finish` of pieces that leave their results as MPI put them.
 constexpr auto no_finish = [](size_t) {};
 
@@ -339,11 +387,15 @@ Status MpiTransport::Create(MPI_Comm comm, uint64_t id,
   set_job_abort(abort_world);
   // Nonblocking, so that a rank that never comes cannot hold this one
   // forever; the waiting policy is the parent's, so waited for here.
+  std::vector<int> makers;
+  const int err = world_ranks_of(comm, &makers);
+  if (err != MPI_SUCCESS)
+    return mpi_failure(err, "MPI_Group_translate_ranks");
   MPI_Comm dup = MPI_COMM_NULL;
   MPI_Request request = MPI_REQUEST_NULL;
   NNCOMM_MPI_CALL(MPI_Comm_idup, comm, &dup, &request);
   std::unique_ptr<MpiTransport> transport(new MpiTransport(dup, id));
-  NNCOMM_RETURN_IF_ERROR(transport->Init(&request));
+  NNCOMM_RETURN_IF_ERROR(transport->Init(&request, std::move(makers)));
   *out = std::move(transport);
   return Status::Ok();
 }
@@ -371,12 +423,12 @@ Status MpiTransport::CreateGroup(const MpiTransport &parent,
   for (int r : ranks)
     id.add(static_cast<uint64_t>(r));
   std::unique_ptr<MpiTransport> transport(new MpiTransport(comm, id.value()));
-  NNCOMM_RETURN_IF_ERROR(transport->Init(nullptr));
+  NNCOMM_RETURN_IF_ERROR(transport->Init(nullptr, {}));
   *out = std::move(transport);
   return Status::Ok();
 }
 
-Status MpiTransport::Init(MPI_Request *created) {
+Status MpiTransport::Init(MPI_Request *created, std::vector<int> makers) {
   if (created != nullptr) {
     // A communicator being created has no ranks to report stalls to yet.
     OperationLabel label("creating a communicator");
@@ -385,13 +437,14 @@ Status MpiTransport::Init(MPI_Request *created) {
         begin(described(ShadowOp::Kind::kDuplicate, "create", 0,
                         DType::kInt64));
     if (status.ok()) {
-      Calls creation(inspector_.get(), at_, id_, flight_, "MPI_Comm_idup", 1,
-                     [created](size_t, MPI_Request *request) {
-                       *request = *created;
-                       return MPI_SUCCESS;
-                     },
-                     no_finish);
-      status = creation.begin();
+      Calls idup(inspector_.get(), at_, id_, flight_, "MPI_Comm_idup", 1,
+                 [created](size_t, MPI_Request *request) {
+                   *request = *created;
+                   return MPI_SUCCESS;
+                 },
+                 no_finish);
+      status = idup.begin();
+      Creation creation(idup, std::move(makers), id_, at_.seq);
       if (status.ok())
         status = wait_for(creation, false, nullptr);
     }
@@ -404,21 +457,8 @@ Status MpiTransport::Init(MPI_Request *created) {
   NNCOMM_MPI_CALL(MPI_Comm_set_errhandler, comm_, MPI_ERRORS_RETURN);
   NNCOMM_MPI_CALL(MPI_Comm_rank, comm_, &rank_);
   NNCOMM_MPI_CALL(MPI_Comm_size, comm_, &size_);
-  std::vector<int> ranks(size_);
-  std::vector<int> world_ranks(size_);
-  for (int r = 0; r < size_; ++r)
-    ranks[r] = r;
-  MPI_Group own = MPI_GROUP_NULL;
-  MPI_Group world = MPI_GROUP_NULL;
-  NNCOMM_MPI_CALL(MPI_Comm_group, comm_, &own);
-  int err = MPI_Comm_group(MPI_COMM_WORLD, &world);
-  if (err == MPI_SUCCESS) {
-    err = MPI_Group_translate_ranks(own, size_, ranks.data(), world,
-                                    world_ranks.data());
-  }
-  MPI_Group_free(&own);
-  if (world != MPI_GROUP_NULL)
-    MPI_Group_free(&world);
+  std::vector<int> world_ranks;
+  int err = world_ranks_of(comm_, &world_ranks);
   if (err != MPI_SUCCESS)
     return mpi_failure(err, "MPI_Group_translate_ranks");
   flight_.set_group(world_ranks);

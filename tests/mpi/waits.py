@@ -21,7 +21,8 @@ reduce, all_gather) as MODE says, the other ranks do OP normally:
   sys.exit(0) before an all_reduce (a rank with fewer batches), sys.exit(3)
   before a callback backward (one that gave up: under plain mpiexec, since
   mpi4py's runner aborts the job on a non-zero code itself), MPI.Finalize()
-  then sys.exit(0) before a barrier; each other rank prints the
+  then sys.exit(0) before a barrier, sys.exit(0) before the others make a
+  second communicator (OP 'communicator'); each other rank prints the
   CommunicatorError it gets and re-raises it.
 - finish: the last rank comes 3.5 s late (as in stall) to a bcast of
   64 KiB or a reduce, rooted at rank 0, made once in time before (so that
@@ -147,6 +148,9 @@ def run_op(comm, late):
         if late:
             misbehave()
         comm.barrier()
+        return None
+    if OP == "communicator":  # a second one
+        make_comm()
         return None
     if OP == "callback":
         x, t, loss, _, params = three_layer_mlp(41)

@@ -109,8 +109,9 @@ private:
   MpiTransport(MPI_Comm comm, uint64_t id) : comm_(comm), id_(id) {}
   static Status Create(MPI_Comm comm, uint64_t id,
                        std::unique_ptr<MpiTransport> *out);
-  // `created`: the request completing the communicator, or null.
-  Status Init(MPI_Request *created);
+  // `created`: the request completing the communicator, or null;
+  // `makers`: then the world ranks making it.
+  Status Init(MPI_Request *created, std::vector<int> makers);
   // Opens the next operation, `op`, whose fingerprint (kind, count, dtype,
   // root) the stall reports carry and the flight recorder records (with
   // the rest): fails at once after an earlier failed wait. Phase 1: the
