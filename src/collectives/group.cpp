@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "nncomm/core/wait.hpp"
 #include "nncomm/cuda/cuda_devices.hpp"
 
 namespace nncomm {
@@ -61,6 +62,7 @@ Status Group::create_subgroup(const std::vector<int> &ranks,
                               const std::string &name,
                               std::unique_ptr<Group> *out) {
   NNCOMM_IN_TURN();
+  OperationLabel label("new_group of %zu ranks", ranks.size());
   // MPI_Comm_create_group has no nonblocking form: meeting every rank
   // first (a bounded wait) means no member can block in it for a rank
   // that never comes.

@@ -340,6 +340,7 @@ Status Join::Open(MpiTransport &root, bool throw_early) {
   }
   // Every rank is here after the (bounded) barrier, so MPI_Comm_dup, which
   // has no bound, cannot wait for one that never comes.
+  OperationLabel label("opening comm.join()");
   NNCOMM_RETURN_IF_ERROR(root.barrier());
   std::unique_ptr<Scope> opened(new Scope);
   if (MPI_Comm_dup(root.comm_, &opened->comm) != MPI_SUCCESS)

@@ -85,7 +85,11 @@ Status Transport::allgatherv(const void *send, size_t count, void *recv,
 }
 
 Status Transport::barrier() {
-  OperationLabel label("barrier");
+  // A barrier that another operation makes (new_group, comm.join()) goes
+  // by that operation's name in messages.
+  const OperationLabel *outer = OperationLabel::innermost();
+  OperationLabel label(outer ? outer->format() : "barrier",
+                       outer ? outer->a() : 0, outer ? outer->b() : 0);
   WorkPtr work;
   return complete(*this, start_barrier(&work), work);
 }
