@@ -250,7 +250,9 @@ cdef _Plan make_plan(_Group group, list data, list order, tuple sizes,
         placed = deref(group.core).check_placed(device.refs)
     fingerprint = plan_fingerprint(plan)
     if not group.same_everywhere(fingerprint if placed.ok()
-                                 else fingerprint ^ 1):
+                                 else fingerprint ^ 1,
+                                 b"agreeing on a new plan of gradient "
+                                 b"buckets"):
         CHKSTATUS(placed)  # this rank's own reason
         raise ValueError(
             "the ranks of this group disagree on the gradients to reduce "
@@ -274,7 +276,8 @@ cdef _Plan make_plan(_Group group, list data, list order, tuple sizes,
     cdef Status prepared = thread.engine.get().add_plan(plan, &made.id)
     if prepared.ok():
         made.thread = thread  # from here, the plan is dropped with `made`
-    all_prepared = group.same_everywhere(prepared.ok())
+    all_prepared = group.same_everywhere(
+        prepared.ok(), b"agreeing that every rank has its gradient buckets")
     CHKSTATUS(prepared)
     if not all_prepared:
         raise MemoryError("another rank of the group could not allocate "

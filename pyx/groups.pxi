@@ -21,13 +21,15 @@ cdef class _Group:
                           RuntimeWarning, stacklevel=1)
         return CHKSTATUS(status)
 
-    cdef bint same_everywhere(self, uint64_t value) except -1:
+    cdef bint same_everywhere(self, uint64_t value, const char *what) \
+            except -1:
         """Whether every rank of the group passed the same `value` (one
-        small all-reduce). Collective."""
+        small all-reduce), `what` naming it in stall reports (a literal,
+        without %). Collective."""
         cdef cpp_bool same = False
         cdef Status status
         with nogil:
-            status = deref(self.core).agree(value, &same)
+            status = deref(self.core).agree(value, &same, what)
         CHKSTATUS(status)
         return same
 

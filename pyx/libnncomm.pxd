@@ -171,7 +171,7 @@ cdef extern from "nncomm/collectives/group.hpp" namespace "nncomm" nogil:
         Status barrier()
         Status open_join(bool throw_early)
         Status count_training(int* training)
-        Status agree(uint64_t value, bool* same)
+        Status agree(uint64_t value, bool* same, const char* what)
         Status allgather(const void* send, void* recv, size_t count,
                          DType dt)
         Status all_reduce(const Placement& where, vector[ArrayRef]& arrays,

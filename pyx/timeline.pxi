@@ -15,7 +15,8 @@ cdef bint _exit_hooked = False
 
 
 cdef int _check_recording_alike(_Group world) except -1:
-    if not world.same_everywhere(_recording is not None):
+    if not world.same_everywhere(_recording is not None,
+                                 b"agreeing that a timeline records"):
         raise RuntimeError("a timeline is being recorded on some ranks "
                            "only; start and stop it on every rank")
     return 0
@@ -30,7 +31,8 @@ cdef int timeline_start(_Group world, path) except -1:
         raise RuntimeError(f"a timeline is already being recorded, to "
                            f"{_recording[0]}; call stop_timeline() first")
     digest = hashlib.sha256(os.fsencode(path)).digest()
-    if not world.same_everywhere(int.from_bytes(digest[:8], "little")):
+    if not world.same_everywhere(int.from_bytes(digest[:8], "little"),
+                                 b"start_timeline: agreeing on the file"):
         raise ValueError(f"start_timeline: the ranks name different files "
                          f"(this one {path!r}); every rank must pass the "
                          f"same path")
@@ -41,7 +43,9 @@ cdef int timeline_start(_Group world, path) except -1:
     world.barrier()
     with nogil:
         status = Timeline.start(part, rank)
-    if not world.same_everywhere(status.ok()) or not status.ok():
+    if not world.same_everywhere(status.ok(), b"start_timeline: "
+                                 b"agreeing that every rank started") or \
+            not status.ok():
         if status.ok():
             with nogil:
                 Timeline.stop()

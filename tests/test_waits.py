@@ -111,7 +111,7 @@ def test_a_rank_whose_script_raises_aborts_the_job(op):
 
 
 @pytest.mark.parametrize("op", ["all_reduce", "callback", "barrier",
-                                "communicator", "new_group"])
+                                "communicator", "new_group", "timeline"])
 def test_a_rank_whose_script_ends_fails_the_waits_for_it(op):
     token = f"exit-{uuid.uuid4().hex}"
     args = ["exit", op, token]
@@ -127,8 +127,11 @@ def test_a_rank_whose_script_ends_fails_the_waits_for_it(op):
         assert "CommunicatorError" in line.group(0), line.group(0)
         assert "the script of world ranks [2] ended without making this " \
                "call" in line.group(0), line.group(0)
-        if op == "new_group":  # its barrier goes by its name
-            assert "new_group of 3 ranks (" in line.group(0), line.group(0)
+        # Named in the message: a barrier by the call that makes it, an
+        # agreement by what it agrees on.
+        label = {"new_group": "new_group of 3 ranks (",
+                 "timeline": "agreeing that a timeline records ("}.get(op, "")
+        assert label in line.group(0), line.group(0)
     # A second of waiting, a second's grace, then the abort.
     assert seconds < 30, seconds
     assert not left_running(token)

@@ -185,8 +185,9 @@ Status Group::barrier() {
   return transport_->barrier();
 }
 
-Status Group::agree(uint64_t value, bool *same) {
+Status Group::agree(uint64_t value, bool *same, const char *what) {
   NNCOMM_IN_TURN();
+  OperationLabel label(what);
   return transport_->agree(value, same);
 }
 

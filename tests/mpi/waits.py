@@ -2,7 +2,7 @@
 
 Run by tests/test_waits.py as ``waits.py MODE OP TOKEN``: the LAST rank
 misbehaves at operation OP (all_reduce, callback, barrier, init, bcast,
-reduce, all_gather, communicator, new_group) as MODE says, the other ranks do OP normally:
+reduce, all_gather, communicator, new_group, timeline) as MODE says, the other ranks do OP normally:
 
 - stall: the last rank comes 3.5 s late (run with NNCOMM_STALL_WARNING=1);
   the results are still checked, and the test reads rank 0's stall
@@ -22,7 +22,8 @@ reduce, all_gather, communicator, new_group) as MODE says, the other ranks do OP
   before a callback backward (one that gave up: under plain mpiexec, since
   mpi4py's runner aborts the job on a non-zero code itself), MPI.Finalize()
   then sys.exit(0) before a barrier, sys.exit(0) before the others make a
-  second communicator (OP 'communicator') or a group (OP 'new_group');
+  second communicator (OP 'communicator'), a group (OP 'new_group') or
+  start a timeline (OP 'timeline');
   each other rank prints the
   CommunicatorError it gets and re-raises it.
 - finish: the last rank comes 3.5 s late (as in stall) to a bcast of
@@ -155,6 +156,9 @@ def run_op(comm, late):
         return None
     if OP == "new_group":
         comm.new_group(("all", list(range(n))))
+        return None
+    if OP == "timeline":
+        comm.start_timeline(os.path.join("/tmp", f"waits-{sys.argv[3]}.json"))
         return None
     if OP == "callback":
         x, t, loss, _, params = three_layer_mlp(41)

@@ -85,7 +85,9 @@ public:
   // Join::Count on this group: `*training`, the ranks still training.
   Status count_training(int *training);
   // Sets `*same` to whether every rank passed the same `value`.
-  Status agree(uint64_t value, bool *same);
+  // `what` names the agreement in stall reports and errors (a literal,
+  // without %).
+  Status agree(uint64_t value, bool *same, const char *what);
   Status allgather(const void *send, void *recv, size_t count, DType dt);
   // The list collectives of list_collectives.hpp, on this group, on arrays
   // placed `where`.
