@@ -24,6 +24,13 @@ from launcher import (WORKERS, run_job, run_program, worker_command,
 MISSING = re.compile(r"world ranks \[(\d+(?:, \d+)*)\] never arrived")
 
 
+def rank_line(rank, out, err):
+    """The line `rank: ...` that world rank `rank` printed on stdout."""
+    line = re.search(rf"^rank {rank}: .*$", out, re.MULTILINE)
+    assert line is not None, out + err
+    return line.group(0)
+
+
 def left_running(token, grace=5.0):
     """The processes of the job marked `token` still alive `grace` s after
     mpiexec returned (a killed rank may take a moment to go)."""
@@ -68,12 +75,11 @@ def test_a_rank_that_never_comes_times_out_everywhere(op):
     # start-up of three ranks on two cores.
     assert seconds < 3 + 5 + 15, seconds
     for rank in (0, 1):
-        line = re.search(rf"^rank {rank}: .*$", out, re.MULTILINE)
-        assert line is not None, out + err
-        assert "CommunicatorError" in line.group(0), line.group(0)
-        assert "NNCOMM_TIMEOUT" in line.group(0), line.group(0)
+        line = rank_line(rank, out, err)
+        assert "CommunicatorError" in line, line
+        assert "NNCOMM_TIMEOUT" in line, line
         if op != "init":  # the communicator being made has no ranks yet
-            assert MISSING.search(line.group(0)).group(1) == "2", line
+            assert MISSING.search(line).group(1) == "2", line
     assert not left_running(token)
 
 
@@ -122,17 +128,16 @@ def test_a_rank_whose_script_ends_fails_the_waits_for_it(op):
         program, 3, worker_env({"NNCOMM_TIMEOUT": "600"}), timeout=120)
     assert code != 0, out
     for rank in (0, 1):
-        line = re.search(rf"^rank {rank}: .*$", out, re.MULTILINE)
-        assert line is not None, out + err
-        assert "CommunicatorError" in line.group(0), line.group(0)
+        line = rank_line(rank, out, err)
+        assert "CommunicatorError" in line, line
         assert "the script of world ranks [2] ended without making this " \
-               "call" in line.group(0), line.group(0)
+               "call" in line, line
         # Named in the message: a barrier by the call that makes it, an
         # agreement by what it agrees on.
         label = {"new_group": "new_group of 3 ranks (",
                  "timeline": "agreeing that a timeline records ("}.get(op, "")
-        assert label in line.group(0), line.group(0)
-    # A second of waiting, a second's grace, then the abort.
+        assert label in line, line
+    # A second of waiting, then the abort.
     assert seconds < 30, seconds
     assert not left_running(token)
 
@@ -176,9 +181,8 @@ def test_ranks_in_different_calls_find_out(case):
         "waits", 3, ["mismatch", case, token], timeout=60)
     assert code != 0, out
     for rank in range(3):
-        line = re.search(rf"^rank {rank}: .*$", out, re.MULTILINE)
-        assert line is not None, out + err
-        assert "make different calls" in line.group(0), line.group(0)
+        line = rank_line(rank, out, err)
+        assert "make different calls" in line, line
     # Reports go out after a second of waiting; NNCOMM_TIMEOUT is 30 min.
     assert seconds < 30, seconds
     assert not left_running(token)
