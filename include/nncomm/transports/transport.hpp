@@ -30,7 +30,7 @@ struct Stall {
   bool known = false;         // the transport can tell (else: nothing)
   std::vector<int> missing;   // not arrived at this operation yet
   std::vector<int> differing; // at it with another call: it cannot complete
-  std::vector<int> ended;     // missing, their script ended: neither can it
+  std::vector<int> ended;     // ended before this operation: neither can it
 };
 
 class Work {
