@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "nncomm/core/fingerprint.hpp"
 #include "nncomm/core/wait.hpp"
 #include "nncomm/cuda/cuda_devices.hpp"
 
@@ -63,12 +64,23 @@ Status Group::create_subgroup(const std::vector<int> &ranks,
                               std::unique_ptr<Group> *out) {
   NNCOMM_IN_TURN();
   OperationLabel label("new_group of %zu ranks", ranks.size());
-  // MPI_Comm_create_group has no nonblocking form: meeting every rank
-  // first (a bounded wait) means no member can block in it for a rank
-  // that never comes.
-  NNCOMM_RETURN_IF_ERROR(transport_->barrier());
+  // MPI_Comm_create_group has no nonblocking form, and ranks that pass it
+  // different members (groups made in another order, or ranks computed
+  // from the rank) would wait in it for each other until the job is
+  // killed: every rank first agrees on the members (a bounded wait).
+  Fingerprint members;
+  for (int r : ranks)
+    members.add(static_cast<uint64_t>(r));
+  bool same = false;
+  NNCOMM_RETURN_IF_ERROR(transport_->agree(members.value(), &same));
+  if (!same) {
+    return Status::InvalidArgument(
+        "new_group '" + name + "': the ranks passed different members (this "
+        "rank: " + rank_list(ranks) + "); every rank makes the same groups, "
+        "with the same ranks, in the same order");
+  }
   if (Join::open()) {
-    // A rank that left took part in the barrier: every rank knows it left.
+    // A rank that left took part in the agreement: every rank knows it left.
     for (int r : ranks) {
       const int world_rank = transport_->world_ranks()[r];
       if (Join::left(world_rank)) {

@@ -91,6 +91,22 @@ def groups(e):
                  arg)
         e.ck.equal(comm.list_groups(), state,
                    f"new_group {what}: no group registered")
+    if n >= 2:
+        # Members that differ across ranks (computed from the rank, or
+        # groups made in another order) raise on every rank, where MPI
+        # would wait in MPI_Comm_create_group for a rank that never comes.
+        differing = [
+            ("members from the rank",
+             [("pair", [comm.rank, (comm.rank + 1) % n])]),
+            ("groups in another order",
+             [("a", [0, 1]), ("b", [n - 1, 0])][::1 if comm.rank else -1]),
+        ]
+        for what, calls in differing:
+            name, ranks = calls[0]
+            e.expect(ValueError, "different members", f"new_group: {what}",
+                     comm.new_group, (name, ranks))
+            e.ck.equal(comm.list_groups(), state,
+                       f"new_group {what}: no group registered")
     # Unknown groups, for every collective.
     x, lst = f32(3), [f32(3) for _ in range(n)]
     calls = collectives(comm, x, lst)
