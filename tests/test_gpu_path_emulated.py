@@ -20,7 +20,9 @@ whose streams run work late and in random legal orders:
   one rank's NaN reported on every rank (engine_over_mpi.cpp);
 - a set-up step of either transport, the device group or its engine
   failing on one rank: every rank fails at once, naming it
-  (transports_over_mpi.cpp: check_setup_failure).
+  (transports_over_mpi.cpp: check_setup_failure);
+- a rank whose script ends before an NCCL all-reduce: the others' wait
+  fails within seconds, naming it (check_ended_rank).
 
 Needs nvcc (to compile against the CUDA headers), not a GPU."""
 import os
@@ -223,6 +225,26 @@ def test_engine_on_emulated_devices(engine_over_mpi, ranks, seed, launch):
 @pytest.mark.parametrize("seed", [1, 2])
 def test_engine_on_emulated_nccl(engine_over_mpi, seed):
     run(engine_over_mpi, 2, [seed, "nccl"])
+
+
+def test_a_rank_whose_script_ends_fails_the_nccl_wait_for_it(
+        transports_over_mpi):
+    # NCCL says nothing of a rank that never comes: the end notices do.
+    # Rank 1 makes one all-reduce of rank 0's two, then ends; rank 0's wait
+    # fails at its first look (after a second), not at NNCOMM_TIMEOUT, and
+    # aborts the job.
+    code, out, err, _ = run_program([transports_over_mpi, "1", "ended"], 2,
+                                    env={"NNCOMM_TIMEOUT": "60"},
+                                    timeout=60)
+    line = re.search(r"^rank 0 failed after ([\d.]+) s: (.*)$", out,
+                     re.MULTILINE)
+    assert line and code != 0, out + err
+    assert float(line.group(1)) < 10, out
+    assert line.group(2) == (
+        "an operation (NCCL operation 2 on device 0, world ranks [0, 1]) "
+        "cannot complete: the script of world ranks [1] ended without "
+        "making this call (fewer batches than the others? comm.join() lets "
+        "ranks with uneven data train together)"), out
 
 
 # A set-up step failing on one rank (a fake runtime call, or the fake

@@ -6,7 +6,9 @@
 
 #include "cuda/cuda_calls.hpp"
 #include "nncomm/host/elementwise.hpp"
+#include "nncomm/core/fingerprint.hpp"
 #include "nncomm/core/wait.hpp"
+#include "nncomm/transports/ended_ranks.hpp"
 
 namespace nncomm {
 
@@ -41,11 +43,11 @@ Status NcclTransport::nccl_status(nccl::Result result,
                            " failed: " + api_.GetErrorString(result));
 }
 
-// An operation enqueued on the transport's stream, done when the event
-// recorded after it has passed.
+// Operation `seq` of the transport, enqueued on its stream, done when the
+// event recorded after it has passed.
 class NcclTransport::Launched : public Work {
 public:
-  explicit Launched(const NcclTransport &t) : t_(t) {}
+  Launched(const NcclTransport &t, uint64_t seq) : t_(t), seq_(seq) {}
 
   Status test(bool *done) override {
     *done = false;
@@ -64,16 +66,30 @@ public:
     return Status::Ok();
   }
 
+  Stall inspect() override {
+    Stall stall;
+    stall.ended = ended_before(t_.host_->world_ranks(), t_.id_, seq_);
+    return stall;
+  }
+
   std::string describe() const override {
-    return "an NCCL operation on device " + std::to_string(t_.device_);
+    return "NCCL operation " + std::to_string(seq_) + " on device " +
+           std::to_string(t_.device_) + ", world ranks " +
+           rank_list(t_.host_->world_ranks());
   }
 
 private:
   const NcclTransport &t_;
+  const uint64_t seq_;
 };
 
+NcclTransport::NcclTransport(const NcclApi &api,
+                             std::unique_ptr<MpiTransport> host)
+    : api_(api), host_(std::move(host)),
+      id_(Fingerprint().add(host_->id()).add("nccl").value()) {}
+
 Status NcclTransport::Create(const NcclApi &api,
-                             std::unique_ptr<Transport> host,
+                             std::unique_ptr<MpiTransport> host,
                              std::unique_ptr<NcclTransport> *out) {
   std::unique_ptr<NcclTransport> t(new NcclTransport(api, std::move(host)));
   // Rank 0 makes the id; the host transport hands it to the others.
@@ -112,6 +128,7 @@ Status NcclTransport::Create(const NcclApi &api,
     t->comm_ = nullptr;
     return all_joined;
   }
+  count_operations(t->id_, &t->begun_);
   *out = std::move(t);
   return Status::Ok();
 }
@@ -130,6 +147,7 @@ Status NcclTransport::prepare(nccl::UniqueId *id) {
 }
 
 NcclTransport::~NcclTransport() {
+  stop_counting(id_);
   if (comm_ != nullptr) {
     // A communicator with an operation that never completed cannot be
     // destroyed (that waits for it).
@@ -198,7 +216,7 @@ Status NcclTransport::start(const char *call, DType dt, float scale,
   NNCOMM_RETURN_IF_ERROR(nccl_status(result, call));
   NNCOMM_CUDA_CALL(cudaEventRecord, static_cast<cudaEvent_t>(done_),
                    static_cast<cudaStream_t>(stream_));
-  work->reset(new Launched(*this));
+  work->reset(new Launched(*this, ++begun_));
   return Status::Ok();
 }
 

@@ -8,7 +8,6 @@
 
 #include "nncomm/core/broken_process.hpp"
 #include "nncomm/transports/mpi_failure.hpp"
-#include "nncomm/transports/mpi_transport.hpp"
 
 namespace nncomm {
 
@@ -24,6 +23,22 @@ bool left = false;
 std::vector<uint64_t> notice;
 // World rank that ended -> transport id -> the operations it began there.
 std::map<int, std::unordered_map<uint64_t, uint64_t>> ended;
+// This rank's communicators, by id: those alive, and the last count of
+// those dropped.
+std::unordered_map<uint64_t, const uint64_t *> counted;
+std::unordered_map<uint64_t, uint64_t> dropped;
+
+// {id, operations begun} pairs of every communicator this rank made.
+std::vector<uint64_t> operations_begun() {
+  std::vector<uint64_t> out;
+  for (const auto &e : dropped) {
+    if (counted.count(e.first) == 0)
+      out.insert(out.end(), {e.first, e.second});
+  }
+  for (const auto &e : counted)
+    out.insert(out.end(), {e.first, *e.second});
+  return out;
+}
 
 // Takes the notices that have come (under `mutex`).
 void collect() {
@@ -51,7 +66,7 @@ void leave() {
   if (left || notices == MPI_COMM_NULL)
     return;
   left = true;
-  notice = MpiTransport::operations_begun();
+  notice = operations_begun();
   int rank = 0, size = 0;
   MPI_Comm_rank(notices, &rank);
   MPI_Comm_size(notices, &size);
@@ -103,6 +118,20 @@ void leave_job() {
   MPI_Finalized(&finalized);
   if (!finalized)
     leave();
+}
+
+void count_operations(uint64_t id, const uint64_t *begun) {
+  std::lock_guard<std::mutex> lock(mutex);
+  counted[id] = begun;
+}
+
+void stop_counting(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto it = counted.find(id);
+  if (it == counted.end())
+    return;
+  dropped[id] = *it->second;
+  counted.erase(it);
 }
 
 std::vector<int> ended_before(const std::vector<int> &world_ranks,

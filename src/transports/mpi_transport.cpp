@@ -272,11 +272,9 @@ private:
   const Finish finish_;
 };
 
-// The transports alive, by id, and the operations begun on each one
-// destroyed (MpiTransport::find, for_each, operations_begun).
+// The transports alive, by id (MpiTransport::find, for_each).
 std::mutex registry_mutex;
 std::unordered_map<uint64_t, MpiTransport *> registered;
-std::unordered_map<uint64_t, uint64_t> destroyed;
 
 // Elements of piece `i` of `count` split into pieces of `step`.
 int piece_count(size_t i, size_t step, size_t count) {
@@ -476,6 +474,7 @@ Status MpiTransport::Init(MPI_Request *created, std::vector<int> makers) {
   NNCOMM_RETURN_IF_ERROR(
       HierarchicalAllreduce::Create(comm_, rank_, node, &two_level_));
   created_seq_ = at_.seq;
+  count_operations(id_, &at_.seq);
   std::lock_guard<std::mutex> lock(registry_mutex);
   registered[id_] = this;
   return Status::Ok();
@@ -493,25 +492,13 @@ void MpiTransport::for_each(const std::function<void(MpiTransport &)> &f) {
     f(*e.second);
 }
 
-std::vector<uint64_t> MpiTransport::operations_begun() {
-  std::lock_guard<std::mutex> lock(registry_mutex);
-  std::vector<uint64_t> out;
-  for (const auto &e : destroyed) {
-    if (registered.count(e.first) == 0)
-      out.insert(out.end(), {e.first, e.second});
-  }
-  for (const auto &e : registered)
-    out.insert(out.end(), {e.first, e.second->seq()});
-  return out;
-}
-
 MpiTransport::~MpiTransport() {
   {
     std::lock_guard<std::mutex> lock(registry_mutex);
     auto it = registered.find(id_);
     if (it != registered.end() && it->second == this) {
       registered.erase(it);
-      destroyed[id_] = at_.seq;
+      stop_counting(id_);
     }
   }
   // After: Join may hold this transport, found before, until it lets go.

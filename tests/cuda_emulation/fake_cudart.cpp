@@ -73,6 +73,8 @@ struct Op {
   std::function<void()> work;
   std::vector<const void *> uses; // allocations it reads or writes
   bool held = false;              // runs only when nothing else can
+  // Runs only once it returns true (other processes' part is done).
+  std::function<bool()> finished;
   bool done = false;
   std::chrono::steady_clock::time_point ran; // once done: an event's time
   bool ready() const {
@@ -80,7 +82,7 @@ struct Op {
       if (!op->done)
         return false;
     }
-    return true;
+    return !finished || finished();
   }
 };
 using OpPtr = std::shared_ptr<Op>;
@@ -178,15 +180,24 @@ struct Runtime {
     }
   }
 
+  // Whether pending work waits for other processes, which may yet come.
+  bool awaiting_others() const {
+    for (const OpPtr &op : pending) {
+      if (op->finished)
+        return true;
+    }
+    return false;
+  }
+
   void wait(const OpPtr &op) {
     while (op != nullptr && !op->done) {
-      if (!run_one())
+      if (!run_one() && !awaiting_others())
         violation("deadlock: waited for work that can never run");
     }
   }
 
   void drain() {
-    while (run_one()) {
+    while (run_one() || awaiting_others()) {
     }
     if (!pending.empty())
       violation("deadlock: work left that can never run");
@@ -361,13 +372,25 @@ void nncomm_fake_hold(cudaStream_t stream) {
 
 cudaError_t nncomm_fake_enqueue(cudaStream_t stream,
                                 std::function<void()> work) {
+  return nncomm_fake_enqueue_until(stream, std::move(work), nullptr);
+}
+
+cudaError_t nncomm_fake_enqueue_until(cudaStream_t stream,
+                                      std::function<void()> start,
+                                      std::function<bool()> finished) {
   Call call;
   CUstream_st *s = rt().stream(stream, current_device);
   if (s->device != current_device)
     return cudaErrorInvalidResourceHandle;
   OpPtr op = std::make_shared<Op>();
-  op->work = std::move(work);
+  op->work = std::move(start);
   rt().enqueue(s, op);
+  if (finished) {
+    OpPtr wait = std::make_shared<Op>();
+    wait->work = [] {};
+    wait->finished = std::move(finished);
+    rt().enqueue(s, wait);
+  }
   return cudaSuccess;
 }
 

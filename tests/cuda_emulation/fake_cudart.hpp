@@ -31,3 +31,10 @@ size_t nncomm_fake_pending();
 // comes in the random legal order (the fake NCCL's collectives).
 cudaError_t nncomm_fake_enqueue(cudaStream_t stream,
                                 std::function<void()> work);
+// Enqueues `start` as nncomm_fake_enqueue does, followed on the stream by
+// a wait that ends once `finished()` returns true, asked whenever the
+// runtime may progress: a collective waiting for other processes, which
+// may never come (the host's waits on the stream then wait too, as a GPU's).
+cudaError_t nncomm_fake_enqueue_until(cudaStream_t stream,
+                                      std::function<void()> start,
+                                      std::function<bool()> finished);

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "fake_cudart.hpp"
@@ -72,37 +73,62 @@ MPI_Op sum_op(DType dt) {
   return dt == DType::kFloat16 ? half : dt == DType::kBFloat16 ? bf16 : MPI_SUM;
 }
 
-// The reduction `op` of `count` elements: each rank's share multiplied (a
-// pre-multiplied sum), summed, divided (average), written to `recv`.
-void reduce(const FakeComm &c, const void *send, void *recv, size_t count,
-            DType dt, nccl::RedOp op, int root) {
-  const size_t bytes = count * dtype_size(dt);
-  std::vector<char> share(static_cast<const char *>(send),
-                          static_cast<const char *>(send) + bytes);
-  if (op >= kFirstCreated) {
-    const float factor = float(premul_scalars[op - kFirstCreated]);
-    convert_scaled(share.data(), dt, share.data(), dt, count, factor, 1);
-  }
-  std::vector<char> sum(bytes);
-  if (root < 0)
-    MPI_Allreduce(share.data(), sum.data(), int(count), mpi_type(dt),
-                  sum_op(dt), c.comm);
-  else
-    MPI_Reduce(share.data(), sum.data(), int(count), mpi_type(dt), sum_op(dt),
-               root, c.comm);
-  if (root >= 0 && c.rank != root)
-    return;
-  if (op == nccl::kAvg)
-    convert_scaled(sum.data(), dt, sum.data(), dt, count, 1.0f, c.size);
-  std::memcpy(recv, sum.data(), bytes);
-}
-
 nccl::Result enqueue(CudaStream stream, std::function<void()> work) {
   return cudaSuccess ==
                  nncomm_fake_enqueue(static_cast<cudaStream_t>(stream),
                                      std::move(work))
              ? nccl::kSuccess
              : kInvalidArgument;
+}
+
+// Enqueues the reduction `op` of `count` elements of `send`: when its turn
+// comes, each rank's share multiplied (a pre-multiplied sum) and summed by
+// a nonblocking MPI call, which the stream then waits for (a rank that
+// never comes leaves it pending, as on a GPU, while the host polls);
+// then, where the sum arrives (`root`, or every rank for -1), divided
+// (average) and handed to `deliver`.
+nccl::Result enqueue_reduction(CudaStream stream, const FakeComm &c,
+                               const void *send, size_t count, DType dt,
+                               nccl::RedOp op, int root,
+                               std::function<void(const char *)> deliver) {
+  struct Round {
+    std::vector<char> share, sum;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  const size_t bytes = count * dtype_size(dt);
+  auto round = std::make_shared<Round>();
+  const auto start = [=] {
+    round->share.assign(static_cast<const char *>(send),
+                        static_cast<const char *>(send) + bytes);
+    round->sum.resize(bytes);
+    if (op >= kFirstCreated) {
+      const float factor = float(premul_scalars[op - kFirstCreated]);
+      convert_scaled(round->share.data(), dt, round->share.data(), dt, count,
+                     factor, 1);
+    }
+    if (root < 0)
+      MPI_Iallreduce(round->share.data(), round->sum.data(), int(count),
+                     mpi_type(dt), sum_op(dt), c.comm, &round->request);
+    else
+      MPI_Ireduce(round->share.data(), round->sum.data(), int(count),
+                  mpi_type(dt), sum_op(dt), root, c.comm, &round->request);
+  };
+  const auto finished = [round] {
+    int complete = 0;
+    MPI_Test(&round->request, &complete, MPI_STATUS_IGNORE);
+    return complete != 0;
+  };
+  if (cudaSuccess != nncomm_fake_enqueue_until(
+                         static_cast<cudaStream_t>(stream), start, finished))
+    return kInvalidArgument;
+  return enqueue(stream, [=] {
+    if (root >= 0 && c.rank != root)
+      return;
+    if (op == nccl::kAvg)
+      convert_scaled(round->sum.data(), dt, round->sum.data(), dt, count,
+                     1.0f, c.size);
+    deliver(round->sum.data());
+  });
 }
 
 const char *error_string(nccl::Result r) {
@@ -178,17 +204,19 @@ nccl::Result redop_destroy(nccl::RedOp, nccl::Comm) {
 nccl::Result all_reduce(const void *send, void *recv, size_t count,
                         nccl::DataType dt, nccl::RedOp op, nccl::Comm comm,
                         CudaStream stream) {
-  const FakeComm c = *static_cast<FakeComm *>(comm);
-  return enqueue(stream,
-                 [=] { reduce(c, send, recv, count, dtype_of(dt), op, -1); });
+  const size_t bytes = count * dtype_size(dtype_of(dt));
+  return enqueue_reduction(
+      stream, *static_cast<FakeComm *>(comm), send, count, dtype_of(dt), op,
+      -1, [=](const char *sum) { std::memcpy(recv, sum, bytes); });
 }
 
 nccl::Result reduce_to(const void *send, void *recv, size_t count,
                        nccl::DataType dt, nccl::RedOp op, int root,
                        nccl::Comm comm, CudaStream stream) {
-  const FakeComm c = *static_cast<FakeComm *>(comm);
-  return enqueue(stream,
-                 [=] { reduce(c, send, recv, count, dtype_of(dt), op, root); });
+  const size_t bytes = count * dtype_size(dtype_of(dt));
+  return enqueue_reduction(
+      stream, *static_cast<FakeComm *>(comm), send, count, dtype_of(dt), op,
+      root, [=](const char *sum) { std::memcpy(recv, sum, bytes); });
 }
 
 nccl::Result broadcast(const void *send, void *recv, size_t count,
@@ -216,14 +244,12 @@ nccl::Result all_gather(const void *send, void *recv, size_t count,
 nccl::Result reduce_scatter(const void *send, void *recv, size_t count,
                             nccl::DataType dt, nccl::RedOp op,
                             nccl::Comm comm, CudaStream stream) {
-  const FakeComm c = *static_cast<FakeComm *>(comm);
-  return enqueue(stream, [=] {
-    const DType t = dtype_of(dt);
-    std::vector<char> all(count * c.size * dtype_size(t));
-    reduce(c, send, all.data(), count * c.size, t, op, -1);
-    std::memcpy(recv, all.data() + c.rank * count * dtype_size(t),
-                count * dtype_size(t));
-  });
+  const FakeComm &c = *static_cast<FakeComm *>(comm);
+  const size_t bytes = count * dtype_size(dtype_of(dt));
+  const size_t mine = c.rank * bytes;
+  return enqueue_reduction(
+      stream, c, send, count * c.size, dtype_of(dt), op, -1,
+      [=](const char *sum) { std::memcpy(recv, sum + mine, bytes); });
 }
 
 // The sends and receives of the NCCL group this thread has open, run

@@ -11,7 +11,8 @@
 //
 // Built and run under mpiexec by tests/test_gpu_path_emulated.py as
 // `transports_over_mpi SEED staged|ipc|nccl|group`, or `transports_over_mpi
-// SEED fail WHAT CALL RANK AFTER` (check_setup_failure); prints
+// SEED fail WHAT CALL RANK AFTER` (check_setup_failure), or
+// `transports_over_mpi SEED ended` (check_ended_rank); prints
 // "transports_over_mpi: N checks passed on R ranks" on rank 0, or the first
 // failure (exit 1 on every rank, through MPI_Abort).
 #include <cuda_runtime.h>
@@ -36,6 +37,7 @@
 #include "nncomm/core/bucket_plan.hpp"
 #include "nncomm/core/engine.hpp"
 #include "nncomm/collectives/group.hpp"
+#include "nncomm/transports/ended_ranks.hpp"
 #include "nncomm/transports/nccl_transport.hpp"
 #include "nncomm/host/elementwise.hpp"
 #include "nncomm/observability/config.hpp"
@@ -829,6 +831,40 @@ void check_setup_failure(const std::string &what, const std::string &call,
   ++checks;
 }
 
+// Rank 1's script ends (leave_job and MPI_Finalize, as nncomm's exit
+// does) after one NCCL all-reduce of the two that rank 0 makes: NCCL tells
+// nothing of it, and the end notices make rank 0's wait fail within
+// seconds, naming rank 1, rather than at NNCOMM_TIMEOUT. Rank 0 prints
+// "rank 0 failed after S s: ..." and ends the job as a failed wait does
+// (MPI_Abort, exit 1).
+[[noreturn]] void check_ended_rank() {
+  ok(listen_for_ended_ranks(), "listen_for_ended_ranks");
+  std::unique_ptr<MpiTransport> mpi;
+  ok(MpiTransport::Create(MPI_COMM_WORLD, &mpi), "MpiTransport::Create");
+  std::unique_ptr<NcclTransport> nccl;
+  ok(NcclTransport::Create(fake_nccl(), std::move(mpi), &nccl),
+     "NcclTransport::Create");
+  DeviceArray a(16, DType::kFloat32);
+  ok(nccl->allreduce(a.device, a.n, a.dt), "the all-reduce both make");
+  if (rank == 1) {
+    leave_job();
+    MPI_Finalize();
+    std::exit(0);
+  }
+  const auto began = std::chrono::steady_clock::now();
+  const Status status = nccl->allreduce(a.device, a.n, a.dt);
+  const double seconds = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - began)
+                             .count();
+  if (status.ok())
+    fail("an all-reduce completed without rank 1");
+  std::printf("rank %d failed after %.2f s: %s\n", rank, seconds,
+              status.message().c_str());
+  std::fflush(stdout);
+  leave_job();
+  std::exit(1); // not reached: leave_job() aborts after a failed wait
+}
+
 } // namespace
 
 // IPC transports made and dropped again and again (a callback per step)
@@ -885,6 +921,8 @@ int main(int argc, char **argv) {
   std::string chosen = kind;
   if (kind == "group") {
     chosen = check_group();
+  } else if (kind == "ended") {
+    check_ended_rank();
   } else if (kind == "fail") {
     chosen = argv[3];
     check_setup_failure(argv[3], argv[4], std::atoi(argv[5]),

@@ -99,9 +99,6 @@ public:
   static MpiTransport *find(uint64_t id);
   // Calls `f` on each transport alive (a lock is held meanwhile).
   static void for_each(const std::function<void(MpiTransport &)> &f);
-  // The operations begun on each transport, by id: {id, seq} pairs, those
-  // of transports destroyed since included.
-  static std::vector<uint64_t> operations_begun();
 
 private:
   friend class Join; // Open() duplicates the communicator for its messages

@@ -6,12 +6,15 @@
 // operation has passed on the device: it is polled, with NCCL's
 // asynchronous errors, so that its wait is bounded like every other (a
 // communicator left with an operation that never completes is aborted,
-// not destroyed).
+// not destroyed). NCCL tells nothing of the other ranks while a wait
+// lasts; the end notices (ended_ranks.hpp) tell which have ended without
+// making the call.
 #pragma once
 
 #include <memory>
 
 #include "nncomm/transports/device_transport.hpp"
+#include "nncomm/transports/mpi_transport.hpp"
 #include "nncomm/transports/nccl_api.hpp"
 
 namespace nncomm {
@@ -22,7 +25,8 @@ public:
   // calling thread. Collective over `host`'s ranks; fails on every rank
   // when it fails on one (fail_together), at once rather than at
   // NNCOMM_TIMEOUT, except where NCCL itself hangs.
-  static Status Create(const NcclApi &api, std::unique_ptr<Transport> host,
+  static Status Create(const NcclApi &api,
+                       std::unique_ptr<MpiTransport> host,
                        std::unique_ptr<NcclTransport> *out);
   ~NcclTransport() override;
   NcclTransport(const NcclTransport &) = delete;
@@ -63,8 +67,7 @@ public:
 
 private:
   class Launched;
-  NcclTransport(const NcclApi &api, std::unique_ptr<Transport> host)
-      : api_(api), host_(std::move(host)) {}
+  NcclTransport(const NcclApi &api, std::unique_ptr<MpiTransport> host);
   // This rank's steps before the communicator: the device, the stream and
   // event, and on rank 0 the communicator's unique id, into `*id`.
   Status prepare(nccl::UniqueId *id);
@@ -85,7 +88,10 @@ private:
                    bool *created);
 
   const NcclApi &api_;
-  const std::unique_ptr<Transport> host_;
+  const std::unique_ptr<MpiTransport> host_;
+  // For the end notices: the same on every rank.
+  const uint64_t id_;
+  uint64_t begun_ = 0; // operations started
   int device_ = 0;
   CudaStream stream_ = nullptr;
   CudaEvent done_ = nullptr; // recorded after each operation
