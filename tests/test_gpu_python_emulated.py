@@ -5,9 +5,11 @@ arrays in the fake's device memory (tests/mpi/fake_device.py) on 1-4 ranks
 over real MPI, against numpy: every collective, gradient_reducer against
 all_reduce bitwise, the wire dtypes, float64 and arrays on the wrong
 device. The fake runs device work late in random legal orders, so a
-missing stream order gives wrong values. The host-staged transport and
-CUDA IPC (the ranks mapping each other's fake device memory) run here (no
-NCCL is loaded); NCCL's host logic is tested by
+missing stream order gives wrong values. The host-staged transport, CUDA
+IPC (the ranks mapping each other's fake device memory) and NCCL (the fake
+NCCL of tests/cuda_emulation, whose collectives run as MPI ones on the
+fake's streams, built as a library that the build's fake runtime serves)
+run here; NCCL's host logic is tested further by
 test_gpu_path_emulated.py."""
 import glob
 import os
@@ -46,15 +48,55 @@ def fake_cuda_package(tmp_path_factory):
     return str(lib)
 
 
+@pytest.fixture(scope="module")
+def fake_nccl_library(fake_cuda_package, tmp_path_factory):
+    """The fake NCCL as a library for nncomm's loader, linked to the
+    package's extension, whose fake runtime runs its collectives."""
+    library = str(tmp_path_factory.mktemp("nccl") / "libfakenccl.so")
+    extension, = glob.glob(os.path.join(fake_cuda_package, "nncomm",
+                                        "_nncomm.*.so"))
+    prefix = os.path.dirname(os.path.dirname(sys.executable))
+    subprocess.run(
+        ["nvcc", "-std=c++17", "-O1", "-shared", "-Xcompiler", "-fPIC",
+         "-Iinclude", "-Itests/cuda_emulation",
+         "-I" + os.path.join(prefix, "include"),
+         "tests/cuda_emulation/fake_nccl.cpp", extension,
+         "-L" + os.path.join(prefix, "lib"), "-lmpi", "-Xlinker",
+         "-rpath=" + os.path.dirname(extension), "-o", library],
+        cwd=REPO, check=True, timeout=600)
+    return library
+
+
 @pytest.mark.parametrize("n,transport", [(n, "mpi") for n in RANK_COUNTS]
-                         + [(2, "ipc"), (3, "ipc")])
-def test_collectives_and_engine_through_python(fake_cuda_package, n,
+                         + [(2, "ipc"), (3, "ipc"), (2, "nccl")])
+def test_collectives_and_engine_through_python(fake_cuda_package,
+                                               fake_nccl_library, n,
                                                transport):
     # IPC takes operations of 4 KiB or more, host memory the others.
     out = run_worker("gpu_arrays", n, ["emulated"], timeout=600, env={
         "PYTHONPATH": os.pathsep.join([fake_cuda_package, WORKERS]),
-        "NNCOMM_GPU_TRANSPORT": transport, "NNCOMM_IPC_MIN_BYTES": "4096"})
+        "NNCOMM_GPU_TRANSPORT": transport, "NNCOMM_IPC_MIN_BYTES": "4096",
+        "NNCOMM_NCCL_LIBRARY": fake_nccl_library})
     assert f"checks passed on {n} ranks" in out
+
+
+def test_a_rank_whose_script_ends_fails_the_nccl_wait_for_it(
+        fake_cuda_package, fake_nccl_library):
+    # NCCL tells nothing of a rank that never comes; the end notices do,
+    # at the wait's first look, and the job is then aborted.
+    code, out, err, _ = run_job("gpu_arrays", 2, ["one_rank_ended"],
+                                timeout=120, env={
+        "PYTHONPATH": os.pathsep.join([fake_cuda_package, WORKERS]),
+        "NNCOMM_GPU_TRANSPORT": "nccl", "NNCOMM_TIMEOUT": "100",
+        "NNCOMM_NCCL_LIBRARY": fake_nccl_library})
+    line = re.search(r"^rank 0 raised after ([\d.]+) s: (.*)$", out,
+                     re.MULTILINE)
+    assert line and code != 0, out + err
+    assert float(line.group(1)) < 30, out
+    assert line.group(2).startswith(
+        "CommunicatorError: all_reduce of 1 arrays (NCCL operation "), out
+    assert "world ranks [0, 1]) cannot complete: the script of world ranks " \
+        "[1] ended without making this call" in line.group(2), out
 
 
 @pytest.mark.parametrize("n", [2, 3])

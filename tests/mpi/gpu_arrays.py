@@ -19,6 +19,9 @@ wire dtypes, float64 and device checks, through the Python layer.
 MODE one_rank_refused (the same build): rank 0 alone passes an array on
 another device; every rank prints what it raised, and how soon.
 
+MODE one_rank_ended (the same build, 2 ranks): rank 1's script ends one
+all_reduce before rank 0's; rank 0 prints what it raised, and how soon.
+
 Prints "gpu_arrays: N checks passed on R ranks" from rank 0.
 """
 import os
@@ -445,6 +448,25 @@ elif MODE == "one_rank_refused":
         print(f"rank {RANK} raised after {time.monotonic() - start:.1f} s: "
               f"{type(e).__name__}: {e}", flush=True)
     checks += 1
+elif MODE == "one_rank_ended":
+    # Rank 1's script ends after one all_reduce of rank 0's two: rank 0's
+    # wait, which its transport (NCCL) can tell nothing about, fails from
+    # the end notices.
+    from fake_device import FakeCupy
+    from nncomm import _nncomm
+
+    xp = FakeCupy(_nncomm.__file__, RANK % 2, RANK + 1)
+    x = xp.asarray(np.ones(3, np.float32))
+    comm.all_reduce(x)
+    if RANK == 1:
+        sys.exit(0)
+    start = time.monotonic()
+    try:
+        comm.all_reduce(x)
+    except Exception as e:  # noqa: BLE001 (the test reads what it got)
+        print(f"rank {RANK} raised after {time.monotonic() - start:.1f} s: "
+              f"{type(e).__name__}: {e}", flush=True)
+    checks += 1
 else:  # MODE == "emulated"
     from fake_device import FakeCupy
     from nncomm import _nncomm
@@ -549,22 +571,28 @@ else:  # MODE == "emulated"
           "all_reduce after a refusal")
 
     # A group whose ranks all use fake device 0 of the host's two is told
-    # to spread, once, by its lowest rank (one rank alone needs only one).
+    # to spread, once, by its lowest rank (one rank alone needs only one);
+    # NCCL, asked for, refuses it on every rank.
     comm.new_group(("device 0", list(range(SIZE))))
     x = xp.asarray(np.ones(3, np.float32), device=0)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        comm.all_reduce(x, group="device 0")
-    said = [str(w.message) for w in caught
-            if "ctx.device_id = str(comm.local_rank)" in str(w.message)]
-    check(said == ([] if SIZE == 1 or RANK > 0 else [
-        f"group ranks {list(range(SIZE))} on this host use 1 of its 2 GPUs, "
-        f"so ranks sharing one cannot use NCCL (they communicate through "
-        f"CUDA IPC or host memory); give each rank its own, as nnabla's "
-        f"examples do with "
-        f"ctx.device_id = str(comm.local_rank)"]), f"sharing advice {said}")
-    check(np.array_equal(xp.asnumpy(x), np.full(3, SIZE, np.float32)),
-          "all_reduce on the shared device")
+    if comm.transport == "nccl" and SIZE > 1:
+        raises(ValueError, "share a GPU, which NCCL refuses",
+               lambda: comm.all_reduce(x, group="device 0"),
+               "NCCL on a shared device")
+    else:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            comm.all_reduce(x, group="device 0")
+        said = [str(w.message) for w in caught
+                if "ctx.device_id = str(comm.local_rank)" in str(w.message)]
+        check(said == ([] if SIZE == 1 or RANK > 0 else [
+            f"group ranks {list(range(SIZE))} on this host use 1 of its 2 "
+            f"GPUs, so ranks sharing one cannot use NCCL (they communicate "
+            f"through CUDA IPC or host memory); give each rank its own, as "
+            f"nnabla's examples do with "
+            f"ctx.device_id = str(comm.local_rank)"]), f"sharing advice {said}")
+        check(np.array_equal(xp.asnumpy(x), np.full(3, SIZE, np.float32)),
+              "all_reduce on the shared device")
 
 failed = world.allreduce(len(failures))
 if failed:
