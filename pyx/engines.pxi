@@ -48,6 +48,7 @@ cdef class _Plan:
     and dtypes it was planned for. Dropped from the engine with it."""
     cdef _EngineThread thread
     cdef size_t id
+    cdef uint64_t fingerprint  # plan_fingerprint(): the same on every rank
     cdef readonly size_t bytes  # its tables, as the caches count them
     cdef list unreached
     cdef list buckets  # per bucket of the plan: its gradients
@@ -210,6 +211,29 @@ cdef int check_device_conversions(tuple codes, int wire) except -1:
     return 0
 
 
+_PLANS_DIFFER = ("the ranks of this group disagree on the gradients to "
+                 "reduce (their number, sizes, dtypes or priorities, or "
+                 "which of them backward reaches)")
+
+
+# Marks the value of an agreement on a plan reused (agree_on_cached_plan).
+cdef uint64_t _REUSED = 0x5eed
+
+
+cdef int agree_on_cached_plan(_Group group, _Plan plan) except -1:
+    """Raises ValueError on every rank of `group` unless every rank reuses a
+    plan that it made before, the same: a rank whose backward now reaches
+    other gradients makes a new plan (make_plan, whose agreement this one
+    meets), and the others would otherwise reduce buckets that it never
+    sends. One small all-reduce per backward. Collective."""
+    # A rank reusing a plan never agrees with one making it anew, even the
+    # same: make_plan agrees a second time, which this rank would not meet.
+    if not group.same_everywhere(plan.fingerprint ^ _REUSED,
+                                 b"agreeing on the plan of gradient buckets"):
+        raise ValueError(_PLANS_DIFFER + " in this backward")
+    return 0
+
+
 cdef _Plan make_plan(_Group group, list data, list order, tuple sizes,
                      tuple codes, size_t pack_size, bint keep_dtype,
                      int wire, GpuArrays device, tuple priorities,
@@ -254,15 +278,13 @@ cdef _Plan make_plan(_Group group, list data, list order, tuple sizes,
                                  b"agreeing on a new plan of gradient "
                                  b"buckets"):
         CHKSTATUS(placed)  # this rank's own reason
-        raise ValueError(
-            "the ranks of this group disagree on the gradients to reduce "
-            "(their number, sizes, dtypes or priorities, or which of them "
-            "backward reaches), or a rank's are on another GPU than its "
-            "group's")
+        raise ValueError(_PLANS_DIFFER + ", or a rank's are on another GPU "
+                         "than its group's")
     CHKSTATUS(placed)
     if thread is None:
         thread = _new_thread(group, len(data), device)
     cdef _Plan made = _Plan.__new__(_Plan)
+    made.fingerprint = fingerprint
     planned = set(order)
     made.unreached = [i for i in range(len(data)) if i not in planned]
     made.buckets = [tuple(plan[b].tensors) for b in range(plan.size())]

@@ -448,6 +448,8 @@ cdef class AllReduceCallback:
             plan = self._new_plan(graph.reached, sizes, codes, priorities)
             remember(self.state.plans, key, plan, _PLANS_BYTES,
                      operator.attrgetter("bytes"))
+        else:
+            agree_on_cached_plan(self.group, plan)
         cdef int divisor = joined_divisor(self.group, self.division)
         plan.begin(self.scale, divisor, self.check_finite, self.hook)
         cdef _Backward bw = _Backward.__new__(_Backward)

@@ -1,7 +1,8 @@
 """Bad arguments to all_reduce_callback raise a clear Python exception on
 every rank that passed them, change nothing, and leave the communicator
 working; ranks whose backward graphs differ (need_grad disagreeing, where
-nnabla's callback hangs) all raise instead of waiting.
+nnabla's callback hangs), from the first backward or from a later one, all
+raise instead of waiting.
 
 After every error a correct world all_reduce and a correct callback-driven
 backward run: had any rank entered a collective for the bad call, they
@@ -167,6 +168,47 @@ def need_grad_disagrees(e):
     e.healthy("backward with need_grad differing between ranks")
 
 
+def graph_changes_on_one_rank(e):
+    """The ranks' graphs agree in the first backward, whose plan each rank
+    keeps; in the second, rank 0 uses W through a need_grad=False Variable
+    and plans anew while the others reuse their plan. Every rank's backward
+    must raise, saying the ranks disagree, where each waited for the
+    other's call until NNCOMM_TIMEOUT; then the communicator works."""
+    comm, ck = e.comm, e.ck
+    with nn.parameter_scope("changes"):
+        W = nn.parameter.get_parameter_or_create(
+            "W", (5, 4), np.full((5, 4), 0.1, np.float32))
+        V = nn.parameter.get_parameter_or_create(
+            "V", (4, 2), np.full((4, 2), 0.1, np.float32))
+
+    def loss_through(used):
+        return F.sum(F.affine(F.tanh(F.affine(e.x, used)), V))
+
+    same = loss_through(W)
+    cut = loss_through(W.get_unlinked_variable(need_grad=False)) \
+        if comm.rank == 0 else same
+    for step, loss in enumerate([same, cut]):
+        e.x.d = contribution(f"changes/{step}", comm.rank, e.x.shape,
+                             np.float32, "rand")
+        loss.forward()
+        W.grad.zero()
+        V.grad.zero()
+        cb = comm.all_reduce_callback([W.grad, V.grad], 4)
+        if step == 0:
+            backward(loss, cb)
+            continue
+        ck.count += 1
+        try:
+            backward(loss, cb)
+            ck.fail("backward whose graph changed on rank 0", "did not raise")
+        except Exception as exc:
+            chain = exception_chain(exc)
+            if "disagree on the gradients" not in chain:
+                ck.fail("backward whose graph changed on rank 0",
+                        f"the exception does not say ranks differ: {chain}")
+    e.healthy("backward whose graph changed on rank 0")
+
+
 def before_init(e):
     comm = C.MultiProcessDataParallelCommunicator(e.ctx)
     e.expect(RuntimeError, "init", "all_reduce_callback before init()",
@@ -189,6 +231,7 @@ def main():
     bad_group(e, groups)
     if comm.size > 1:
         need_grad_disagrees(e)
+        graph_changes_on_one_rank(e)
     before_init(e)
     chain_hooks_errors(e)
     ck.finish()
