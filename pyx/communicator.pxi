@@ -1030,3 +1030,16 @@ cdef class Communicator:
                             float(scale_grad), keep_dtype,
                             _wire_code(self._ctx, wire_dtype), priority,
                             check_finite_of(check_finite), hook, group)
+
+
+cdef int all_reduce_statistics(Communicator comm, list arrays, bint division,
+                               bint inplace, str group) except -1:
+    """Sync batch normalization's all_reduce of per-rank statistics, which
+    nnabla then divides by the group's size: inside comm.join(), scaled so
+    that the ranks that left (adding zeros) do not count."""
+    cdef _Group g = comm._member(group)
+    check_distinct(arrays, "data")
+    all_reduce_list(g, arrays, comm._context, division, joined_share(g),
+                    not inplace)
+    return 0
+

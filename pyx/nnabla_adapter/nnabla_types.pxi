@@ -232,8 +232,8 @@ cdef int _all_reduce(PyObject *comm, PyObject *arrays, cpp_bool division,
     # Sync batch normalization's backward runs inside backward, beside an
     # all_reduce_callback's engine, which has a communicator of its own.
     with _FromInsideBackward():
-        (<object>comm).all_reduce(<object>arrays, division=division,
-                                  inplace=inplace, group=group.decode())
+        all_reduce_statistics(<Communicator?>comm, <list?>arrays, division,
+                              inplace, group.decode())
     return 0
 
 

@@ -12,7 +12,8 @@ over the members as data-parallel training sums them, the reference's.
 For axes [1] and [3], batch_stat True and False, output_stat (which
 nnabla allows with batch_stat only), and beta,
 gamma, mean and variance each given or None (mean and variance only with
-batch_stat). An unknown group raises, on every member.
+batch_stat). Inside comm.join(), over the ranks still training. An
+unknown group raises, on every member.
 """
 import itertools
 
@@ -144,6 +145,19 @@ def parametric(ck, comm):
               f"PF.sync_batch_normalization: gradient of {k}")
 
 
+def joined(ck, comm):
+    """Inside comm.join(), rank r trains r + 1 steps: at step s, ranks s
+    and above train, and sync batch normalization over the world must equal
+    batch normalization over their samples alone (the ranks that left add
+    zeros to the sums, which nnabla divides by the world's size). Running
+    statistics are left out: nnabla's unbiased running variance counts the
+    world's samples (N / (N - 1))."""
+    with comm.join([{}]):
+        for step in range(comm.rank + 1):
+            case(ck, comm, list(range(step, comm.size)), "world", [1], True,
+                 True, ("beta", "gamma"))
+
+
 def unknown_group(ck, comm):
     x = nn.Variable.from_numpy_array(np.ones(SHAPE, np.float32))
     ck.raises(ValueError, "unknown group 'nowhere'",
@@ -170,6 +184,8 @@ def main():
             case(ck, comm, members, group, axes, batch_stat, output_stat,
                  given)
     parametric(ck, comm)
+    if n > 1:
+        joined(ck, comm)
     unknown_group(ck, comm)
     ck.finish()
 
