@@ -104,6 +104,7 @@ cdef class Communicator:
             status = listen_for_ended_ranks()
         CHKSTATUS(status)
         _agree_on_settings(world)
+        flight_recorder_name_job(world)
         self._workers = _gather_workers(world)
         if not timeline_path().empty():
             timeline_start(world, timeline_path())

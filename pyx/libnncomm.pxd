@@ -267,6 +267,8 @@ cdef extern from "nncomm/observability/flight_recorder.hpp" namespace "nncomm" n
         @staticmethod
         void set_process(int world_rank, int world_size)
         @staticmethod
+        void set_job(uint64_t id)
+        @staticmethod
         void set_call_site(const char* site)
         @staticmethod
         void set_recording(bool on)

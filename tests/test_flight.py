@@ -1,8 +1,9 @@
 """python -m nncomm.flight on synthetic flight records, in one process: the
 first operation not every rank completed, and whom it blames (a rank that
 never reached it, one that made another call there, one that left no
-record); rings that lost their oldest operations; several groups; the
-files it reads and refuses."""
+record); rings that lost their oldest operations; several groups; files
+that another job left in the directory; the files it reads and
+refuses."""
 import json
 
 import pytest
@@ -127,6 +128,28 @@ def test_the_group_where_ranks_diverged_first_comes_first():
     # Rank 2's last operation is the one it waits in, in the subgroup.
     assert then.last[2][:2] == ((0, 2), 0) and then.last[2][2]["seq"] == 2
     assert flight.culprits(analysis) == [0]
+
+
+def test_files_of_another_job_are_left_out(tmp_path):
+    # An earlier 3-rank job left ranks 1 and 2's files; this 2-rank job's
+    # rank 1 was killed before it wrote one. Rank 1 must be blamed, not
+    # rank 0 for missing the old job's operations.
+    old = {r: dict(dump(r, 3, ring([0, 1, 2], completed(4))), time=50.0,
+                   job="00000000000000a1") for r in (1, 2)}
+    now = {0: dict(dump(0, 2, ring([0, 1], completed(2)
+                                   + [record(3, state="started")])),
+                   job="00000000000000b2")}
+    dumps = {**old, **now}
+    analysis = flight.analyze(dumps)
+    assert (analysis.world_size, analysis.ranks, analysis.other_job,
+            analysis.missing) == (2, [0], [1, 2], [1])
+    assert flight.culprits(analysis) == [1]
+    text = flight.report(analysis, dumps)
+    assert "left out: the files of world ranks 1, 2, which another job " \
+        "wrote" in text, text
+    for r, d in dumps.items():
+        (tmp_path / f"nncomm-flight-{r}.json").write_text(json.dumps(d))
+    assert flight.culprits(flight.analyze(flight.load(str(tmp_path)))) == [1]
 
 
 def test_load_reads_every_rank_and_refuses_what_is_not_a_record(tmp_path):

@@ -46,12 +46,15 @@ operation in any group, as ``(group, channel, record)``, for the ranks
 that did not reach it or made another call."""
 
 Analysis = collections.namedtuple(
-    "Analysis", ["world_size", "ranks", "missing", "divergences"])
+    "Analysis", ["world_size", "ranks", "missing", "divergences",
+                 "other_job"])
 Analysis.__doc__ = """What :func:`analyze` found: ``world_size``;
 ``ranks``, the world ranks that wrote a record; ``missing``, those that did
 not; ``divergences``, one :class:`Divergence` per group that has one, the
 one that began first first (an empty list: every rank completed every
-operation it recorded)."""
+operation it recorded); ``other_job``, the world ranks whose file another
+job wrote (not the job of the newest record, in the same directory): left
+out, and so among ``missing``."""
 
 
 def load(directory):
@@ -175,6 +178,11 @@ def analyze(dumps, world_size=None):
     """
     if not dumps:
         raise ValueError("no flight records to analyze")
+    # The directory may hold the files of earlier jobs, whose ranks this
+    # job did not overwrite: the newest record's job is the one analyzed.
+    job = max(dumps.values(), key=lambda d: d["time"]).get("job")
+    other_job = sorted(r for r, d in dumps.items() if d.get("job") != job)
+    dumps = {r: d for r, d in dumps.items() if d.get("job") == job}
     if world_size is None:
         world_size = max(d["world_size"] for d in dumps.values())
     groups = _groups(dumps)
@@ -192,7 +200,7 @@ def analyze(dumps, world_size=None):
     ranks = sorted(dumps)
     return Analysis(world_size=world_size, ranks=ranks,
                     missing=[r for r in range(world_size) if r not in dumps],
-                    divergences=found)
+                    divergences=found, other_job=other_job)
 
 
 def describe(record):
@@ -236,6 +244,10 @@ def report(analysis, dumps):
         if d.get("first_reason"):
             why += f", after: {d['first_reason']}"
         say(f"  rank {rank} ({d['host']}, pid {d['pid']}): {why}")
+    if analysis.other_job:
+        say(f"  left out: the files of world ranks "
+            f"{_ranks(analysis.other_job)}, which another job wrote "
+            f"(earlier, into the same directory)")
     if analysis.missing:
         say(f"  no record from world ranks {_ranks(analysis.missing)}: "
             f"killed, or died before they could write one")

@@ -47,6 +47,7 @@ namespace {
 std::atomic<bool> recording{true};
 std::atomic<int> world_rank{-1};
 std::atomic<int> world_size{0};
+std::atomic<uint64_t> job{0}; // 0: not named yet
 thread_local const char *call_site = nullptr;
 // Why the first dump after a failure was written: later dumps (an abort's
 // SIGABRT, a launcher's SIGUSR1) name it too, as they replace its file.
@@ -306,6 +307,9 @@ struct Dumper {
                static_cast<long long>(now / 1000000),
                static_cast<long long>(now % 1000000));
     out.string(reason);
+    if (const uint64_t named = job.load())
+      out.format(", \"job\": \"%016llx\"",
+                 static_cast<unsigned long long>(named));
     out.raw(", \"first_reason\": ");
     const bool earlier = has_first_reason.load(std::memory_order_acquire) &&
                          std::strcmp(first_reason, reason) != 0;
@@ -393,6 +397,8 @@ void FlightRecorder::set_process(int rank, int size) {
   world_rank = rank;
   world_size = size;
 }
+
+void FlightRecorder::set_job(uint64_t id) { job = id; }
 
 void FlightRecorder::set_call_site(const char *site) { call_site = site; }
 

@@ -79,6 +79,11 @@ def check_requested(comm, ck):
         dump = json.load(f)
     ck.equal((dump["rank"], dump["world_size"], dump["pid"]),
              (comm.rank, comm.size, os.getpid()), "rank, size, pid")
+    # The job's name: one on every rank (python -m nncomm.flight leaves
+    # out the files of other jobs by it).
+    jobs = MPI.COMM_WORLD.allgather(dump.get("job"))
+    ck.true(len(set(jobs)) == 1 and len(jobs[0] or "") == 16, "the job",
+            str(jobs))
     ck.true("dump_flight_record" in dump["reason"], "the reason",
             dump["reason"])
     world = [g for g in dump["groups"]

@@ -71,6 +71,9 @@ public:
 
   // The process's world rank and size, named in its file and its name.
   static void set_process(int world_rank, int world_size);
+  // The job, the same on every rank of it and on no other job's, so that
+  // the files of jobs that wrote into one directory are told apart.
+  static void set_job(uint64_t id);
   // The Python line making this thread's calls ("file:line in function"),
   // or null; it must outlive every recorder (the binding interns it).
   static void set_call_site(const char *site);
