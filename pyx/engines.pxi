@@ -154,11 +154,12 @@ cpdef object nonfinite_error(list data, list names, dict found):
 
 cdef str describe_gradient(list data, Py_ssize_t i, list names):
     """Gradient `i` of `data` for a message: its parameter's name where
-    known, its place in `data` and its shape."""
+    known (DistributedSolver's `data` is a list of its own), else its place
+    in `data`; and its shape."""
     shape = tuple(getattr(data[i], "shape", ()))
     if names[i] is None:
         return f"data[{i}] (shape {shape})"
-    return f"{names[i]!r} (data[{i}], shape {shape})"
+    return f"{names[i]!r} (shape {shape})"
 
 
 cpdef bint check_finite_of(check_finite) except -1:
