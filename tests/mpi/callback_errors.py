@@ -137,17 +137,21 @@ def bad_group(e, groups):
     e.healthy("non-member calls")
 
 
+def two_layers(scope):
+    """The weights W (5 x 4) and V (4 x 2) of a small net, in `scope`."""
+    with nn.parameter_scope(scope):
+        return [nn.parameter.get_parameter_or_create(
+            name, shape, np.full(shape, 0.1, np.float32))
+            for name, shape in (("W", (5, 4)), ("V", (4, 2)))]
+
+
 def need_grad_disagrees(e):
     """Rank 0 uses W through a need_grad=False Variable, the others train
     it: the ranks' backward graphs differ (nnabla's callback hangs here).
     Every rank's backward must raise, mentioning why, and then the
     communicator works."""
     comm, ck = e.comm, e.ck
-    with nn.parameter_scope("disagree"):
-        W = nn.parameter.get_parameter_or_create(
-            "W", (5, 4), np.full((5, 4), 0.1, np.float32))
-        V = nn.parameter.get_parameter_or_create(
-            "V", (4, 2), np.full((4, 2), 0.1, np.float32))
+    W, V = two_layers("disagree")
     used = W.get_unlinked_variable(need_grad=False) if comm.rank == 0 else W
     loss = F.sum(F.affine(F.tanh(F.affine(e.x, used)), V))
     e.x.d = contribution("disagree", comm.rank, e.x.shape, np.float32, "rand")
@@ -175,11 +179,7 @@ def graph_changes_on_one_rank(e):
     must raise, saying the ranks disagree, where each waited for the
     other's call until NNCOMM_TIMEOUT; then the communicator works."""
     comm, ck = e.comm, e.ck
-    with nn.parameter_scope("changes"):
-        W = nn.parameter.get_parameter_or_create(
-            "W", (5, 4), np.full((5, 4), 0.1, np.float32))
-        V = nn.parameter.get_parameter_or_create(
-            "V", (4, 2), np.full((4, 2), 0.1, np.float32))
+    W, V = two_layers("changes")
 
     def loss_through(used):
         return F.sum(F.affine(F.tanh(F.affine(e.x, used)), V))

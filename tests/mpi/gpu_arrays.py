@@ -301,6 +301,27 @@ def collectives(xp, new_arrays):
               f"all_gather into a list [{q}]")
 
 
+def fake_cupy():
+    """Arrays on this rank's device of the fake CUDA runtime (RANK % 2 of
+    its two), which the emulated build runs on."""
+    from fake_device import FakeCupy
+    from nncomm import _nncomm
+    return FakeCupy(_nncomm.__file__, RANK % 2, RANK + 1)
+
+
+def print_raised(call):
+    """Runs `call` and prints what it raised on this rank, and how soon
+    (the test reads the lines)."""
+    global checks
+    start = time.monotonic()
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 (each rank reports what it got)
+        print(f"rank {RANK} raised after {time.monotonic() - start:.1f} s: "
+              f"{type(e).__name__}: {e}", flush=True)
+    checks += 1
+
+
 comm = nncomm.Communicator(types.SimpleNamespace(backend=["cpu:float"]))
 comm.init()
 
@@ -433,45 +454,24 @@ elif MODE == "cupy":
 elif MODE == "one_rank_refused":
     # Only rank 0 passes an array on the other fake device: it raises, and
     # the others learn that it will not make the call instead of waiting.
-    from fake_device import FakeCupy
-    from nncomm import _nncomm
-
-    xp = FakeCupy(_nncomm.__file__, RANK % 2, RANK + 1)
+    xp = fake_cupy()
     x = xp.asarray(np.ones(3, np.float32))
     comm.all_reduce(x)
     bad = xp.asarray(np.ones(3, np.float32), device=1 - RANK % 2) \
         if RANK == 0 else x
-    start = time.monotonic()
-    try:
-        comm.all_reduce(bad)
-    except Exception as e:  # noqa: BLE001 (each rank reports what it got)
-        print(f"rank {RANK} raised after {time.monotonic() - start:.1f} s: "
-              f"{type(e).__name__}: {e}", flush=True)
-    checks += 1
+    print_raised(lambda: comm.all_reduce(bad))
 elif MODE == "one_rank_ended":
     # Rank 1's script ends after one all_reduce of rank 0's two: rank 0's
     # wait, which its transport (NCCL) can tell nothing about, fails from
     # the end notices.
-    from fake_device import FakeCupy
-    from nncomm import _nncomm
-
-    xp = FakeCupy(_nncomm.__file__, RANK % 2, RANK + 1)
+    xp = fake_cupy()
     x = xp.asarray(np.ones(3, np.float32))
     comm.all_reduce(x)
     if RANK == 1:
         sys.exit(0)
-    start = time.monotonic()
-    try:
-        comm.all_reduce(x)
-    except Exception as e:  # noqa: BLE001 (the test reads what it got)
-        print(f"rank {RANK} raised after {time.monotonic() - start:.1f} s: "
-              f"{type(e).__name__}: {e}", flush=True)
-    checks += 1
+    print_raised(lambda: comm.all_reduce(x))
 else:  # MODE == "emulated"
-    from fake_device import FakeCupy
-    from nncomm import _nncomm
-
-    xp = FakeCupy(_nncomm.__file__, RANK % 2, RANK + 1)
+    xp = fake_cupy()
     collectives(xp, new_arrays=False)
     check(comm.transport == os.environ.get("NNCOMM_GPU_TRANSPORT", "mpi"),
           f"transport {comm.transport}")
