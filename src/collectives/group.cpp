@@ -65,19 +65,21 @@ Status Group::create_subgroup(const std::vector<int> &ranks,
   NNCOMM_IN_TURN();
   OperationLabel label("new_group of %zu ranks", ranks.size());
   // MPI_Comm_create_group has no nonblocking form, and ranks that pass it
-  // different members (groups made in another order, or ranks computed
-  // from the rank) would wait in it for each other until the job is
-  // killed: every rank first agrees on the members (a bounded wait).
-  Fingerprint members;
+  // different members (ranks computed from the rank) would wait in it for
+  // each other until the job is killed: every rank first agrees on the
+  // group (a bounded wait), its name too, so that groups made in another
+  // order fail here rather than at their first collective.
+  Fingerprint group;
+  group.add(name.c_str());
   for (int r : ranks)
-    members.add(static_cast<uint64_t>(r));
+    group.add(static_cast<uint64_t>(r));
   bool same = false;
-  NNCOMM_RETURN_IF_ERROR(transport_->agree(members.value(), &same));
+  NNCOMM_RETURN_IF_ERROR(transport_->agree(group.value(), &same));
   if (!same) {
     return Status::InvalidArgument(
-        "new_group '" + name + "': the ranks passed different members (this "
+        "new_group '" + name + "': the ranks passed different groups (this "
         "rank: " + rank_list(ranks) + "); every rank makes the same groups, "
-        "with the same ranks, in the same order");
+        "named alike, with the same ranks, in the same order");
   }
   if (Join::open()) {
     // A rank that left took part in the agreement: every rank knows it left.

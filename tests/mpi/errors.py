@@ -100,10 +100,12 @@ def groups(e):
              [("pair", [comm.rank, (comm.rank + 1) % n])]),
             ("groups in another order",
              [("a", [0, 1]), ("b", [n - 1, 0])][::1 if comm.rank else -1]),
+            ("groups of the same members in another order",
+             [("a", [0, 1]), ("b", [0, 1])][::1 if comm.rank else -1]),
         ]
         for what, calls in differing:
             name, ranks = calls[0]
-            e.expect(ValueError, "different members", f"new_group: {what}",
+            e.expect(ValueError, "different groups", f"new_group: {what}",
                      comm.new_group, (name, ranks))
             e.ck.equal(comm.list_groups(), state,
                        f"new_group {what}: no group registered")
