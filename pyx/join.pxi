@@ -46,30 +46,9 @@ cdef int close_join(str why) except -1:
     return 0
 
 
-cdef float joined_share(_Group group) except -1:
-    """What each rank's part of a sum over `group` is multiplied by for a
-    mean that its caller divides by the group's size (nnabla's sync batch
-    normalization) to be the mean over the ranks still training in
-    comm.join(), ranks that left adding zeros: size / training, after one
-    count round, inside a join; 1 outside."""
-    if _joining is None:
-        return 1
-    cdef int size = len(group.ranks)
-    cdef int training = 0
-    cdef Status status
-    with nogil:
-        status = deref(group.core).count_training(&training)
-    CHKSTATUS(status)
-    if training < size and _joining.throw_on_early_termination:
-        raise_exhausted(size - training, size)
-    return <float>size / training
-
-
-cdef int raise_exhausted(int gone, int size) except -1:
-    raise InputsExhaustedError(
-        f"{gone} of {size} ranks exhausted their inputs "
-        f"(comm.join(throw_on_early_termination=True)): raised on every "
-        f"rank")
+cdef bint joining():
+    """Whether a comm.join() scope is open in this process."""
+    return _joining is not None
 
 
 cdef int joined_divisor(_Group group, bint division) except -1:
@@ -90,5 +69,8 @@ cdef int joined_divisor(_Group group, bint division) except -1:
     if training == size:
         return size if division else 1
     if _joining.throw_on_early_termination:
-        raise_exhausted(size - training, size)
+        raise InputsExhaustedError(
+            f"{size - training} of {size} ranks exhausted their inputs "
+            f"(comm.join(throw_on_early_termination=True)): raised on every "
+            f"rank")
     return training if division else 1

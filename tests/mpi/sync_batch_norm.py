@@ -156,6 +156,19 @@ def joined(ck, comm):
         for step in range(comm.rank + 1):
             case(ck, comm, list(range(step, comm.size)), "world", [1], True,
                  True, ("beta", "gamma"))
+    # On a group, beside a world all_reduce per step: counting the ranks
+    # still training must not end a leaver's part in the scope, even with
+    # throw_on_early_termination (which only a callback's count triggers).
+    evens = list(range(0, comm.size, 2))
+    with comm.join([{}], throw_on_early_termination=True):
+        for step in range(comm.rank + 1):
+            if comm.rank in evens:
+                case(ck, comm, [r for r in evens if r >= step], "evens",
+                     [1], True, True, ("beta", "gamma"))
+            ones = nn.NdArray.from_numpy_array(np.ones(1, np.float32))
+            comm.all_reduce(ones)
+            ck.equal(float(ones.data[0]), float(comm.size - step),
+                     f"join: the world all_reduce of step {step}")
 
 
 def unknown_group(ck, comm):
