@@ -42,7 +42,10 @@ reduce, all_gather, communicator, new_group, timeline) as MODE says, the other r
   all_reduces of 4 elements in place and not, the last rank makes the one
   in place while the others make the other (the same MPI call), then every
   rank the one not in place, up to 5000 times: about one call in 128 is
-  compared again.
+  compared again. OP 'callback': after a callback backward everywhere, the
+  last rank makes a plain backward and an all_reduce of the gradients while
+  the others make the callback backward again (whose plan, reused, is
+  agreed on the group's communicator, where the all_reduce meets it).
 
 TOKEN only marks the processes, so that the test can check none is left.
 """
@@ -120,6 +123,20 @@ def run_op(comm, late):
         comm.all_reduce(x, inplace=late)
         for _ in range(5000):
             comm.all_reduce(x, inplace=False)
+        return None
+    if MODE == "mismatch" and OP == "callback":
+        x, t, loss, _, params = three_layer_mlp(41)
+        x.d = np.full(x.shape, r + 1.0, np.float32)
+        t.d = 0
+        grads = [p.grad for p in params]
+        for step in range(2):
+            loss.forward()
+            if late and step == 1:
+                loss.backward()
+                comm.all_reduce(grads)
+            else:
+                loss.backward(
+                    function_post_hook=comm.all_reduce_callback(grads, 4))
         return None
     if OP == "all_reduce":
         if late:
