@@ -1032,25 +1032,3 @@ cdef class Communicator:
                             _wire_code(self._ctx, wire_dtype), priority,
                             check_finite_of(check_finite), hook, group)
 
-
-cdef int all_reduce_statistics(Communicator comm, list arrays, bint division,
-                               bint inplace, str group) except -1:
-    """Sync batch normalization's all_reduce of per-rank statistics, which
-    nnabla then divides by the group's size. Inside comm.join(), a count of
-    the ranks still training travels with them (ranks that left add zeros
-    to both), and the sums are scaled so that only those count."""
-    cdef _Group g = comm._member(group)
-    check_distinct(arrays, "data")
-    if not joining():
-        all_reduce_list(g, arrays, comm._context, division, 1.0, not inplace)
-        return 0
-    from nnabla import NdArray
-    counted = NdArray.from_numpy_array(np.ones(1, np.float32))
-    all_reduce_list(g, arrays + [counted], comm._context, False, 1.0, True)
-    cdef int size = len(g.ranks)
-    training = int(round(float(counted.data[0])))
-    factor = (1.0 if division else size) / training
-    if factor != 1:
-        for x in arrays:
-            x.data *= factor
-    return 0

@@ -232,8 +232,29 @@ cdef int _all_reduce(PyObject *comm, PyObject *arrays, cpp_bool division,
     # Sync batch normalization's backward runs inside backward, beside an
     # all_reduce_callback's engine, which has a communicator of its own.
     with _FromInsideBackward():
-        all_reduce_statistics(<Communicator?>comm, <list?>arrays, division,
-                              inplace, group.decode())
+        _all_reduce_statistics(<object>comm, <list>arrays, division, inplace,
+                               group.decode())
+    return 0
+
+
+cdef int _all_reduce_statistics(comm, list arrays, bint division,
+                                bint inplace, str group) except -1:
+    """Sync batch normalization's all_reduce of per-rank statistics, which
+    nnabla then divides by the group's size. Inside comm.join(), a count of
+    the ranks still training travels with them (ranks that left add zeros
+    to both), and the sums are scaled so that only those count."""
+    if not joining():
+        comm.all_reduce(arrays, division=division, inplace=inplace,
+                        group=group)
+        return 0
+    from nnabla import NdArray
+    counted = NdArray.from_numpy_array(np.ones(1, np.float32))
+    comm.all_reduce(arrays + [counted], group=group)
+    training = int(round(float(counted.data[0])))
+    factor = (1.0 if division else len(comm.find_group(group))) / training
+    if factor != 1:
+        for x in arrays:
+            x.data *= factor
     return 0
 
 

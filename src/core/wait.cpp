@@ -165,10 +165,11 @@ Status wait_for(Work &work, bool warn, const Polling *polling) {
         char stalled[64];
         std::snprintf(stalled, sizeof stalled, "stalled for %.0f s in ",
                       waited);
+        const std::string waiting_for =
+            seen.known ? "world ranks " + rank_list(seen.missing)
+                       : "the other ranks (its transport cannot tell which)";
         const std::string message =
-            stalled + what + ": waiting for " +
-            (seen.known ? "world ranks " + rank_list(seen.missing)
-                        : std::string("the other ranks (its transport cannot tell which)"));
+            stalled + what + ": waiting for " + waiting_for;
         trace_stall("stall", message);
         std::fprintf(stderr, "nncomm: %s\n", message.c_str());
         std::fflush(stderr);
