@@ -44,8 +44,8 @@ cdef class _EngineThread:
 
 cdef class _Plan:
     """A bucket plan on an engine thread: its id there, the gradients the
-    plan leaves for the end (those the graph does not reach), and the sizes
-    and dtypes it was planned for. Dropped from the engine with it."""
+    plan leaves for the end (those no rank's backward reaches), and the
+    sizes and dtypes it was planned for. Dropped from the engine with it."""
     cdef _EngineThread thread
     cdef size_t id
     cdef uint64_t fingerprint  # plan_fingerprint(): the same on every rank
@@ -83,6 +83,15 @@ cdef class _Plan:
 
     cdef Engine* core(self):
         return self.thread.engine.get()
+
+    cdef list beyond(self, tuple reached):
+        """The gradients in the plan that `reached` (a backward's) leaves
+        out: in a plan over what several ranks' backwards reach, those this
+        rank's does not."""
+        if <Py_ssize_t>self.sizes.size() - len(self.unreached) == len(reached):
+            return []
+        skipped = set(self.unreached).union(reached)
+        return [i for i in range(self.sizes.size()) if i not in skipped]
 
     cdef int begin(self, float scale, int divisor, bint check_finite,
                    _HookCaller hook) except -1:
@@ -213,42 +222,38 @@ cdef int check_device_conversions(tuple codes, int wire) except -1:
 
 
 _PLANS_DIFFER = ("the ranks of this group disagree on the gradients to "
-                 "reduce (their number, sizes, dtypes or priorities, or "
-                 "which of them backward reaches)")
+                 "reduce (their number, sizes, dtypes or priorities)")
 
 
-# Marks the value of an agreement on a plan reused (agree_on_cached_plan).
+# Marks the value of an agreement on a plan reused: a rank reusing a plan
+# never agrees with one making it anew, even the same, as the two go on to
+# different calls (commit_plan agrees a second time).
 cdef uint64_t _REUSED = 0x5eed
 
 
-cdef int agree_on_cached_plan(_Group group, _Plan plan) except -1:
-    """Raises ValueError on every rank of `group` unless every rank reuses a
-    plan that it made before, the same: a rank whose backward now reaches
-    other gradients makes a new plan (make_plan, whose agreement this one
-    meets), and the others would otherwise reduce buckets that it never
-    sends. One small all-reduce per backward. Collective."""
-    # A rank reusing a plan never agrees with one making it anew, even the
-    # same: make_plan agrees a second time, which this rank would not meet.
-    if not group.same_everywhere(plan.fingerprint ^ _REUSED,
-                                 b"agreeing on the plan of gradient buckets"):
-        raise ValueError(_PLANS_DIFFER + " in this backward")
-    return 0
+cdef class _Draft:
+    """A bucket plan made on this rank, before the group agrees on it
+    (agree_on_draft) and the engine takes it (commit_plan)."""
+    cdef vector[Bucket] buckets
+    cdef uint64_t fingerprint  # plan_fingerprint(): the same on every rank
+    cdef Status placed  # whether the gradients lie where the group works
+    cdef list order
+    cdef tuple sizes
+    cdef tuple codes
+
+    cdef uint64_t proposal(self):
+        """What this rank passes to the group's agreement on the plan."""
+        return self.fingerprint if self.placed.ok() else self.fingerprint ^ 1
 
 
-cdef _Plan make_plan(_Group group, list data, list order, tuple sizes,
-                     tuple codes, size_t pack_size, bint keep_dtype,
-                     int wire, GpuArrays device, tuple priorities,
-                     _EngineThread thread):
-    """A plan over `data` (whose `sizes` and dtype `codes` it is planned
-    for) launching buckets in `order` (indices into `data`; the others are
-    left out of the plan, in `unreached`), sorted by `priorities` (one per
-    gradient), highest first, where given, on `thread` (None: a new engine
-    thread). Host memory with `device` None; otherwise the memory of
-    `device`'s arrays, computed on its stream.
-
-    Collective over the group: every rank must plan the same buckets, and
-    have its buffers, or this raises on every rank.
-    """
+cdef _Draft draft_plan(_Group group, list order, tuple sizes, tuple codes,
+                       size_t pack_size, bint keep_dtype, int wire,
+                       GpuArrays device, tuple priorities):
+    """The plan over gradients of `sizes` and dtype `codes` launching
+    buckets in `order` (indices; the others are left out of the plan),
+    sorted by `priorities` (one per gradient), highest first, where given.
+    Host memory with `device` None; otherwise the memory of `device`'s
+    arrays, which must be where `group` communicates. Local."""
     cdef vector[TensorSpec] specs
     cdef TensorSpec spec
     floating = set(_FLOAT_CODES.values())
@@ -261,42 +266,62 @@ cdef _Plan make_plan(_Group group, list data, list order, tuple sizes,
         specs.push_back(spec)
     if device is not None and not keep_dtype:
         check_device_conversions(codes, wire)
+    cdef _Draft draft = _Draft.__new__(_Draft)
     cdef vector[size_t] launch_order = order
-    cdef vector[Bucket] plan = plan_buckets(
-        specs, launch_order, pack_size, keep_dtype, <DType><int>wire,
-        direct_bytes())
+    draft.buckets = plan_buckets(specs, launch_order, pack_size, keep_dtype,
+                                 <DType><int>wire, direct_bytes())
     if priorities is not None:
-        prioritize(priorities, &plan)
-    # Every rank must run the same plan, or their calls would not match,
-    # on gradients where its group communicates: one small all-reduce, once
-    # per new plan, that a rank whose gradients are elsewhere spoils.
-    cdef Status placed
+        prioritize(priorities, &draft.buckets)
     if device is not None:
-        placed = deref(group.core).check_placed(device.refs)
-    fingerprint = plan_fingerprint(plan)
-    if not group.same_everywhere(fingerprint if placed.ok()
-                                 else fingerprint ^ 1,
+        draft.placed = deref(group.core).check_placed(device.refs)
+    draft.fingerprint = plan_fingerprint(draft.buckets)
+    draft.order = order
+    draft.sizes = sizes
+    draft.codes = codes
+    return draft
+
+
+cdef int agree_on_draft(_Group group, _Draft draft) except -1:
+    """Raises on every rank of `group` unless every rank drafted the same
+    plan, on gradients where its group communicates: one small all-reduce,
+    which a rank whose gradients are elsewhere spoils. Collective."""
+    if not group.same_everywhere(draft.proposal(),
                                  b"agreeing on a new plan of gradient "
                                  b"buckets"):
-        CHKSTATUS(placed)  # this rank's own reason
+        CHKSTATUS(draft.placed)  # this rank's own reason
         raise ValueError(_PLANS_DIFFER + ", or a rank's are on another GPU "
                          "than its group's")
-    CHKSTATUS(placed)
+    return CHKSTATUS(draft.placed)
+
+
+cdef _Plan commit_plan(_Group group, _Draft draft, list data,
+                       GpuArrays device, _EngineThread thread):
+    """The plan of `draft`, which every rank of `group` agreed on, over
+    `data` on `thread` (None: a new engine thread, in `device`'s memory or,
+    without, host memory). Collective: raises on every rank unless every
+    rank has its buffers."""
     if thread is None:
         thread = _new_thread(group, len(data), device)
     cdef _Plan made = _Plan.__new__(_Plan)
-    made.fingerprint = fingerprint
-    planned = set(order)
+    made.fingerprint = draft.fingerprint
+    planned = set(draft.order)
     made.unreached = [i for i in range(len(data)) if i not in planned]
-    made.buckets = [tuple(plan[b].tensors) for b in range(plan.size())]
-    made.sizes = sizes
-    made.codes = codes
-    made.bytes = sum(_BUCKET_BYTES + 3 * 8 * plan[b].segments.size()
-                     + 8 * plan[b].tensors.size()
-                     for b in range(plan.size()))
+    made.sizes = draft.sizes
+    made.codes = draft.codes
+    made.buckets = []
+    made.bytes = 0
+    cdef size_t staging = thread.staging
+    cdef Bucket* bucket
+    for b in range(draft.buckets.size()):
+        bucket = &draft.buckets[b]
+        made.buckets.append(tuple(bucket.tensors))
+        made.bytes += (_BUCKET_BYTES + 3 * 8 * bucket.segments.size()
+                       + 8 * bucket.tensors.size())
+        staging = max(staging, bucket.count * dtype_size(bucket.dtype))
     # Every rank must know whether every rank has its buffer, or one
     # that failed alone would leave the others waiting for its buckets.
-    cdef Status prepared = thread.engine.get().add_plan(plan, &made.id)
+    cdef Status prepared = thread.engine.get().add_plan(draft.buckets,
+                                                        &made.id)
     if prepared.ok():
         made.thread = thread  # from here, the plan is dropped with `made`
     all_prepared = group.same_everywhere(
@@ -305,10 +330,24 @@ cdef _Plan make_plan(_Group group, list data, list order, tuple sizes,
     if not all_prepared:
         raise MemoryError("another rank of the group could not allocate "
                           "the engine's staging buffer")
-    thread.staging = max([thread.staging] + [
-        plan[b].count * dtype_size(plan[b].dtype)
-        for b in range(plan.size())])
+    thread.staging = staging
     return made
+
+
+cdef _Plan make_plan(_Group group, list data, list order, tuple sizes,
+                     tuple codes, size_t pack_size, bint keep_dtype,
+                     int wire, GpuArrays device, tuple priorities,
+                     _EngineThread thread):
+    """draft_plan's plan over `data`, agreed and committed on `thread`
+    (None: a new engine thread).
+
+    Collective over the group: every rank must plan the same buckets, and
+    have its buffers, or this raises on every rank.
+    """
+    cdef _Draft draft = draft_plan(group, order, sizes, codes, pack_size,
+                                   keep_dtype, wire, device, priorities)
+    agree_on_draft(group, draft)
+    return commit_plan(group, draft, data, device, thread)
 
 
 # A Bucket's own bytes, its vectors' storage aside.

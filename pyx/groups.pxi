@@ -33,6 +33,25 @@ cdef class _Group:
         CHKSTATUS(status)
         return same
 
+    cdef tuple union_of(self, tuple indices, Py_ssize_t n):
+        """The indices (in [0, `n`)) that any rank of the group passed, in
+        ascending order: one all-gather of `n` bits per rank. Collective;
+        every rank must pass the same `n`."""
+        bits = np.zeros((n + 63) // 64 * 64 or 64, np.uint8)
+        bits[list(indices)] = 1
+        cdef uint64_t[::1] mine = np.packbits(
+            bits, bitorder="little").view(np.uint64)
+        everyone = np.zeros((len(self.ranks), mine.shape[0]), np.uint64)
+        cdef uint64_t[:, ::1] out = everyone
+        cdef Status status
+        with nogil:
+            status = deref(self.core).allgather(&mine[0], &out[0, 0],
+                                                mine.shape[0], DType.kInt64)
+        CHKSTATUS(status)
+        anywhere = np.unpackbits(np.bitwise_or.reduce(everyone).view(
+            np.uint8), bitorder="little")[:n]
+        return tuple(np.flatnonzero(anywhere).tolist())
+
     cdef int barrier(self) except -1:
         """Blocks until every rank of the group has called it."""
         cdef Status status

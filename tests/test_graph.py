@@ -13,8 +13,13 @@ import pytest
 from nncomm.nnabla_adapter.graph import analyze
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "mpi"))
-from graph_catalogue import (CATALOGUE, gan_need_grad_false,  # noqa: E402
-                             shared_weights, stop_gradient_mid_chain)
+from graph_catalogue import (BY_RANK, CATALOGUE,  # noqa: E402
+                             gan_need_grad_false, shared_weights,
+                             stop_gradient_mid_chain)
+
+# Every graph, those made per rank as ranks 0 to 2 make them.
+ALL_GRAPHS = CATALOGUE + [
+    (lambda b, r: lambda: b(r))(b, r) for b in BY_RANK for r in range(3)]
 
 
 def graph_with_shared_and_frozen():
@@ -79,8 +84,8 @@ def test_analysis_notices_need_grad_changes():
 
 # -- every graph of the catalogue, as users build them ----------------------
 
-@pytest.mark.parametrize("build", CATALOGUE,
-                         ids=[b().name for b in CATALOGUE])
+@pytest.mark.parametrize("build", ALL_GRAPHS,
+                         ids=[b().name for b in ALL_GRAPHS])
 def test_analysis_matches_nnabla_on_user_graphs(build):
     """Over three training steps (flags may change between them): the
     predicted functions are exactly those nnabla's backward calls, and the
@@ -108,8 +113,8 @@ def test_analysis_matches_nnabla_on_user_graphs(build):
         assert graph.still_valid()
 
 
-@pytest.mark.parametrize("build", CATALOGUE,
-                         ids=[b().name for b in CATALOGUE])
+@pytest.mark.parametrize("build", ALL_GRAPHS,
+                         ids=[b().name for b in ALL_GRAPHS])
 def test_forward_priority_reverses_the_order_gradients_become_final(build):
     """A gradient backward makes final later than another (its last
     writer called later) never has a lower priority="forward"."""

@@ -15,12 +15,16 @@
 
 # Bounds on what is kept per set of gradients: analyses of distinct graphs
 # (each keeps its graph alive, so few: a script that builds a new graph
-# every iteration needs only the latest), and, by memory (engines.pxi), the
+# every iteration needs only the latest), what this rank's backward reached
+# when the group ran a union plan (_union_plan; forgotten, it is found
+# again with a few small collectives) and, by memory (engines.pxi), the
 # plans of its engine thread; and of sets of gradients, each with its
 # engine thread, per group (some 30 threads at most).
 cdef int _MAX_ANALYSES = 2
+cdef int _MAX_UNIONS = 64
 cdef size_t _PLANS_BYTES = 16 << 20
 cdef size_t _STATES_BYTES = 256 << 20
+_WORD = (1 << 64) - 1  # _digest()'s signed value as an agreement's word
 
 # The states with a backward in flight, on any thread. A thread that enters
 # nncomm anywhere else (another backward, a collective, a solver) while its
@@ -175,6 +179,7 @@ cdef class _Backward:
     cdef object owner  # the AllReduceCallback whose call began it
     cdef object graph
     cdef _Plan plan
+    cdef list early  # in the plan, not reached here: ready from the start
     cdef BackwardCounts* counts
     cdef object thread
     cdef int divisor  # the engine's: the group's size, or comm.join()'s
@@ -199,7 +204,14 @@ cdef class _CallbackState:
     cdef shared_ptr[BackwardCounts] counts
     cdef list grads  # kept alive: `counts` reads their nbla::NdArrays
     cdef _EngineThread thread  # made with the first plan
+    # The plans, by keys every rank of the group has alike (so that every
+    # rank drops the same plans and engines): what backward reaches where
+    # it reaches the same on every rank, else (_union_plan) what it
+    # reaches on any.
     cdef dict plans
+    # What this rank's backward reaches -> the key of the union plan that
+    # the group ran when it last did.
+    cdef dict unions
     cdef dict _positions
     cdef _Backward backward
     cdef _Plan latest
@@ -212,6 +224,7 @@ cdef class _CallbackState:
     def __cinit__(self, _Group group, list grads, NnablaContext context):
         self.analyses = {}
         self.plans = {}
+        self.unions = {}
         self._positions = None
         self.group = group
         self.grads = grads
@@ -399,7 +412,8 @@ cdef class AllReduceCallback:
         still pending when its last expected writer has run), unless a
         gradient it writes was already handed to the engine: that raises."""
         for i in gradients_written(f.inputs, self.positions):
-            if bw.graph.counts[i] and bw.readiness().pending(i) == 0:
+            if bw.graph.counts[i] and bw.readiness().pending(i) == 0 or \
+                    i in bw.early:
                 self._fail(bw, f"backward called {f.name}, which the graph "
                            f"analysis did not expect, after a gradient it "
                            f"writes was all-reduced (was the graph changed "
@@ -439,17 +453,8 @@ cdef class AllReduceCallback:
             self.state.codes = tuple(_DTYPE_CODES.get(dtype_of(x), -1)
                                      for x in self.data)
             self.state.replan = False
-        codes = self.state.codes
-        priorities = graph.forward if self.priority == "forward" else \
-            self.priority
-        key = (graph.reached, sizes, codes, priorities)
-        cdef _Plan plan = self.state.plans.get(key)
-        if plan is None:
-            plan = self._new_plan(graph.reached, sizes, codes, priorities)
-            remember(self.state.plans, key, plan, _PLANS_BYTES,
-                     operator.attrgetter("bytes"))
-        else:
-            agree_on_cached_plan(self.group, plan)
+        cdef _Plan plan = self._agreed_plan(graph.reached, sizes,
+                                            self.state.codes, graph.forward)
         cdef int divisor = joined_divisor(self.group, self.division)
         plan.begin(self.scale, divisor, self.check_finite, self.hook)
         cdef _Backward bw = _Backward.__new__(_Backward)
@@ -464,20 +469,92 @@ cdef class AllReduceCallback:
         self.state.backward = bw
         self.state.latest = plan
         _in_flight.add(self.state)
+        bw.early = plan.beyond(graph.reached)
+        for i in bw.early:
+            self._ready(bw, i)  # not written by this rank's backward
         return bw
 
-    cdef _Plan _new_plan(self, tuple reached, tuple sizes, tuple codes,
-                         tuple priorities):
-        # Gradients of the last layers are final first: plan those first.
-        # On a CUDA context the engine works on the gradients' device, on
-        # nnabla's stream. The state's engine thread serves every plan.
-        cdef _Plan plan = make_plan(
-            self.group, self.data, list(reversed(reached)), sizes, codes,
-            self.pack_size, self.keep_dtype, self.wire,
-            device_arrays(self.data[:1], self.context, "data", None),
-            priorities, self.state.thread)
-        self.state.thread = plan.thread
+    cdef _Plan _agreed_plan(self, tuple reached, tuple sizes, tuple codes,
+                            tuple forward):
+        """The plan of this backward, the same on every rank of the group:
+        over the gradients that `reached` lists, where every rank's
+        backward reaches the same (one small all-reduce, whether the plan
+        is new or cached), else _union_plan's. Collective."""
+        priorities = forward if self.priority == "forward" else self.priority
+        key = (reached, sizes, codes, priorities)
+        cdef _Plan plan = self.state.plans.get(
+            self.state.unions.get(key, key))
+        cdef _Draft draft = None
+        cdef GpuArrays device
+        if plan is None:
+            # Gradients of the last layers are final first: planned first.
+            device = self._device()
+            draft = draft_plan(self.group, list(reversed(reached)), sizes,
+                               codes, self.pack_size, self.keep_dtype,
+                               self.wire, device, priorities)
+        if not self.group.same_everywhere(
+                draft.proposal() if plan is None
+                else plan.fingerprint ^ _REUSED,
+                b"agreeing on the plan of gradient buckets"):
+            return self._union_plan(key, draft)
+        if plan is None:
+            CHKSTATUS(draft.placed)
+            plan = commit_plan(self.group, draft, self.data, device,
+                               self.state.thread)
+            self._keep(key, plan)
         return plan
+
+    cdef _Plan _union_plan(self, tuple key, _Draft draft):
+        """Where the ranks' backwards reach different gradients (a branch
+        or a loss only some ranks take, a layer frozen on some), as PyTorch
+        DDP's find_unused_parameters: the plan over the gradients that any
+        rank's backward reaches, which a rank whose backward does not
+        reach one hands to the engine as its backward begins, with what it
+        holds (zeros after zero_grad). Its buckets go in gradient order
+        (backward's where data lists parameters as made), as the ranks'
+        graphs, which `priority="forward"` follows, differ. Raises
+        ValueError on every rank where the ranks differ otherwise (the
+        gradients' number, sizes, dtypes or priorities, or a rank's lie on
+        another GPU than its group's). `key`: _agreed_plan's on this rank;
+        `draft`: this rank's own plan, if it made one. Collective."""
+        reached, sizes, codes, _ = key
+        priorities = None if self.priority == "forward" else self.priority
+        placed = draft is None or draft.placed.ok()
+        if not self.group.same_everywhere(
+                _digest((sizes, codes, priorities, placed)) & _WORD,
+                b"agreeing on the gradients to reduce"):
+            if draft is not None:
+                CHKSTATUS(draft.placed)  # this rank's own reason
+            raise ValueError(_PLANS_DIFFER + ", or a rank's are on another "
+                             "GPU than its group's")
+        anywhere = self.group.union_of(reached, len(sizes))
+        union = (anywhere, sizes, codes, priorities, "union")
+        cdef _Plan plan = self.state.plans.get(union)
+        # The ranks keep the same plans; checked all the same, as one
+        # reusing it and one making it anew would make different calls.
+        if not self.group.same_everywhere(
+                plan is not None,
+                b"agreeing on the plan of gradient buckets") or plan is None:
+            plan = make_plan(self.group, self.data, list(reversed(anywhere)),
+                             sizes, codes, self.pack_size, self.keep_dtype,
+                             self.wire, self._device(), priorities,
+                             self.state.thread)
+            self._keep(union, plan)
+        remember(self.state.unions, key, union, _MAX_UNIONS)
+        return plan
+
+    cdef int _keep(self, key, _Plan plan) except -1:
+        """Caches `plan` under `key` on the state, whose engine thread it
+        runs on."""
+        remember(self.state.plans, key, plan, _PLANS_BYTES,
+                 operator.attrgetter("bytes"))
+        self.state.thread = plan.thread
+        return 0
+
+    cdef GpuArrays _device(self):
+        """The gradients' device memory (on a CUDA context, where the
+        engine works on nnabla's stream); None on the host."""
+        return device_arrays(self.data[:1], self.context, "data", None)
 
     cdef int _ready(self, _Backward bw, Py_ssize_t i) except -1:
         error = bw.plan.mark_ndarray(

@@ -1,8 +1,7 @@
 """Bad arguments to all_reduce_callback raise a clear Python exception on
 every rank that passed them, change nothing, and leave the communicator
-working; ranks whose backward graphs differ (need_grad disagreeing, where
-nnabla's callback hangs), from the first backward or from a later one, all
-raise instead of waiting.
+working; ranks whose gradients differ (in sizes or priorities), from the
+first backward or from a later one, all raise instead of waiting.
 
 After every error a correct world all_reduce and a correct callback-driven
 backward run: had any rank entered a collective for the bad call, they
@@ -145,68 +144,58 @@ def two_layers(scope):
             for name, shape in (("W", (5, 4)), ("V", (4, 2)))]
 
 
-def need_grad_disagrees(e):
-    """Rank 0 uses W through a need_grad=False Variable, the others train
-    it: the ranks' backward graphs differ (nnabla's callback hangs here).
-    Every rank's backward must raise, mentioning why, and then the
-    communicator works."""
-    comm, ck = e.comm, e.ck
-    W, V = two_layers("disagree")
-    used = W.get_unlinked_variable(need_grad=False) if comm.rank == 0 else W
-    loss = F.sum(F.affine(F.tanh(F.affine(e.x, used)), V))
-    e.x.d = contribution("disagree", comm.rank, e.x.shape, np.float32, "rand")
+def expect_disagreement(e, what, loss, cb):
+    """Backward with `cb` raises on every rank, saying the ranks disagree
+    on the gradients; then the communicator works."""
+    e.ck.count += 1
+    try:
+        backward(loss, cb)
+        e.ck.fail(what, "did not raise")
+    except Exception as exc:
+        chain = exception_chain(exc)
+        if "disagree on the gradients" not in chain:
+            e.ck.fail(what, f"the exception does not say ranks differ: "
+                            f"{chain}")
+    e.healthy(what)
+
+
+def gradients_differ(e):
+    """Rank 0 lists the gradients in another order than the other ranks:
+    their sizes differ, which no plan over what the ranks' backwards
+    reach can reconcile (nnabla's callback mixes the data)."""
+    comm = e.comm
+    W, V = two_layers("differ")
+    loss = F.sum(F.affine(F.tanh(F.affine(e.x, W)), V))
+    e.x.d = contribution("differ", comm.rank, e.x.shape, np.float32, "rand")
     loss.forward()
     W.grad.zero()
     V.grad.zero()
-    cb = comm.all_reduce_callback([W.grad, V.grad], 4)
-    ck.count += 1
-    try:
-        backward(loss, cb)
-        ck.fail("backward with need_grad differing between ranks",
-                "did not raise")
-    except Exception as exc:
-        chain = exception_chain(exc)
-        if "rank" not in chain.lower():
-            ck.fail("backward with need_grad differing between ranks",
-                    f"the exception does not say ranks differ: {chain}")
-    e.healthy("backward with need_grad differing between ranks")
+    grads = [V.grad, W.grad] if comm.rank == 0 else [W.grad, V.grad]
+    expect_disagreement(e, "backward over gradients listed in another "
+                        "order on rank 0", loss,
+                        comm.all_reduce_callback(grads, 4))
 
 
-def graph_changes_on_one_rank(e):
-    """The ranks' graphs agree in the first backward, whose plan each rank
-    keeps; in the second, rank 0 uses W through a need_grad=False Variable
-    and plans anew while the others reuse their plan. Every rank's backward
-    must raise, saying the ranks disagree, where each waited for the
-    other's call until NNCOMM_TIMEOUT; then the communicator works."""
-    comm, ck = e.comm, e.ck
-    W, V = two_layers("changes")
-
-    def loss_through(used):
-        return F.sum(F.affine(F.tanh(F.affine(e.x, used)), V))
-
-    same = loss_through(W)
-    cut = loss_through(W.get_unlinked_variable(need_grad=False)) \
-        if comm.rank == 0 else same
-    for step, loss in enumerate([same, cut]):
-        e.x.d = contribution(f"changes/{step}", comm.rank, e.x.shape,
+def priorities_change_on_one_rank(e):
+    """The ranks agree in the first backward, whose plan each rank keeps;
+    in the second, rank 0's callback orders the buckets by other
+    priorities and plans anew while the others reuse their plan."""
+    comm = e.comm
+    W, V = two_layers("priorities")
+    loss = F.sum(F.affine(F.tanh(F.affine(e.x, W)), V))
+    for step in range(2):
+        e.x.d = contribution(f"priorities/{step}", comm.rank, e.x.shape,
                              np.float32, "rand")
         loss.forward()
         W.grad.zero()
         V.grad.zero()
-        cb = comm.all_reduce_callback([W.grad, V.grad], 4)
+        priority = (1.0, 0.0) if step == 1 and comm.rank == 0 else None
+        cb = comm.all_reduce_callback([W.grad, V.grad], 4, priority=priority)
         if step == 0:
             backward(loss, cb)
-            continue
-        ck.count += 1
-        try:
-            backward(loss, cb)
-            ck.fail("backward whose graph changed on rank 0", "did not raise")
-        except Exception as exc:
-            chain = exception_chain(exc)
-            if "disagree on the gradients" not in chain:
-                ck.fail("backward whose graph changed on rank 0",
-                        f"the exception does not say ranks differ: {chain}")
-    e.healthy("backward whose graph changed on rank 0")
+        else:
+            expect_disagreement(e, "backward whose priorities changed on "
+                                "rank 0", loss, cb)
 
 
 def before_init(e):
@@ -230,8 +219,8 @@ def main():
     bad_pack_size(e)
     bad_group(e, groups)
     if comm.size > 1:
-        need_grad_disagrees(e)
-        graph_changes_on_one_rank(e)
+        gradients_differ(e)
+        priorities_change_on_one_rank(e)
     before_init(e)
     chain_hooks_errors(e)
     ck.finish()

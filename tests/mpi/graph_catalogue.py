@@ -1,7 +1,8 @@
 """Graphs the way nnabla users build them, for the tests of
 all_reduce_callback's backward-graph analysis: stop-gradient (GAN) graphs,
 frozen layers, persistent and unlinked variables, shared weights, several
-roots of one graph, a loss that reaches no registered gradient.
+roots of one graph, a loss that reaches no registered gradient; and
+(BY_RANK) graphs whose backward reaches other parameters on other ranks.
 
 Each builder makes a fresh graph in its own parameter scope and returns a
 :class:`Graph`. Nothing here communicates, so the single-process tests and
@@ -159,18 +160,26 @@ def frozen_first_layers():
                  _scope_params("frozen_first"))
 
 
-def frozen_parameter_flag():
-    """A weight used directly (not through a parametric function, which
-    puts an unlinked copy in the graph), frozen by need_grad=False between
-    trained layers; its gradient stays unreached."""
-    np.random.seed(16)
-    with nn.parameter_scope("frozen_flag"):
+def _direct_middle_weight(scope, seed):
+    """Three layers in `scope`, the middle weight W used directly (not
+    through a parametric function, which puts an unlinked copy in the
+    graph): the inputs x and t, W and the loss."""
+    np.random.seed(seed)
+    with nn.parameter_scope(scope):
         x, t = nn.Variable((3, 4)), nn.Variable((3, 2))
         h = F.tanh(PF.affine(x, 5, name="a"))
         W = nn.parameter.get_parameter_or_create(
             "mid", (5, 5), np.random.randn(5, 5).astype(np.float32) / 3)
         h = F.tanh(F.affine(h, W))
         loss = F.mean(F.squared_error(PF.affine(h, 2, name="b"), t))
+    return x, t, W, loss
+
+
+def frozen_parameter_flag():
+    """A weight used directly (not through a parametric function, which
+    puts an unlinked copy in the graph), frozen by need_grad=False between
+    trained layers; its gradient stays unreached."""
+    x, t, W, loss = _direct_middle_weight("frozen_flag", 16)
     params = _scope_params("frozen_flag")
 
     def freeze():
@@ -293,6 +302,42 @@ def alternating_gan():
     return Graph("alternating_gan", loss, {"z": z}, params,
                  prepare=alternate)
 
+
+def task_per_rank(rank):
+    """Multi-task training with each rank's batch of one task: two heads
+    on one trunk, rank 0's loss through the first, rank 1's through the
+    second, rank 2's through neither (an input-gradient loss that reaches
+    no parameter); the ranks' backwards reach different parameters."""
+    np.random.seed(24)
+    with nn.parameter_scope("tasks"):
+        x, t = nn.Variable((3, 4)), nn.Variable((3, 2))
+        trunk = F.tanh(PF.affine(x, 5, name="trunk"))
+        heads = [PF.affine(trunk, 2, name=f"head{k}") for k in range(2)]
+        probe = nn.Variable((3, 2), need_grad=True)
+        losses = [F.mean(F.squared_error(h, t)) for h in heads] + \
+            [F.sum(F.tanh(probe) * t)]
+    return Graph(f"task_per_rank[{rank}]", losses[rank % 3],
+                 {"x": x, "t": t, "probe": probe}, _scope_params("tasks"))
+
+
+def frozen_on_alternate_ranks(rank):
+    """A middle weight frozen (need_grad False) on every other rank, in
+    turn, step by step: each rank's backward reaches it every other step,
+    and at each step some ranks' reach it and others' do not."""
+    x, t, W, loss = _direct_middle_weight("alternate_ranks", 25)
+    params = _scope_params("alternate_ranks")
+    state = {"step": 0}
+
+    def alternate():
+        W.need_grad = (state["step"] + rank) % 2 == 0
+        state["step"] += 1
+
+    return Graph(f"frozen_on_alternate_ranks[{rank}]", loss,
+                 {"x": x, "t": t}, params, prepare=alternate)
+
+
+# Graphs that differ between ranks, made for a given rank.
+BY_RANK = [task_per_rank, frozen_on_alternate_ranks]
 
 CATALOGUE = [
     lambda: gan_need_grad_false("d"),
