@@ -33,24 +33,22 @@ cdef class _Group:
         CHKSTATUS(status)
         return same
 
-    cdef tuple union_of(self, tuple indices, Py_ssize_t n):
-        """The indices (in [0, `n`)) that any rank of the group passed, in
-        ascending order: one all-gather of `n` bits per rank. Collective;
-        every rank must pass the same `n`."""
-        bits = np.zeros((n + 63) // 64 * 64 or 64, np.uint8)
-        bits[list(indices)] = 1
-        cdef uint64_t[::1] mine = np.packbits(
-            bits, bitorder="little").view(np.uint64)
-        everyone = np.zeros((len(self.ranks), mine.shape[0]), np.uint64)
-        cdef uint64_t[:, ::1] out = everyone
+    cdef object all_gather_bytes(self, mine):
+        """Every rank's `mine`, a 1-d uint8 array of the same length on
+        every rank, as a 2-d uint8 array by group rank: one all-gather.
+        Collective."""
+        n = len(mine)
+        padded = np.zeros((n + 7) // 8 * 8 or 8, np.uint8)
+        padded[:n] = mine
+        cdef int64_t[::1] send = padded.view(np.int64)
+        everyone = np.zeros((len(self.ranks), send.shape[0]), np.int64)
+        cdef int64_t[:, ::1] out = everyone
         cdef Status status
         with nogil:
-            status = deref(self.core).allgather(&mine[0], &out[0, 0],
-                                                mine.shape[0], DType.kInt64)
+            status = deref(self.core).allgather(&send[0], &out[0, 0],
+                                                send.shape[0], DType.kInt64)
         CHKSTATUS(status)
-        anywhere = np.unpackbits(np.bitwise_or.reduce(everyone).view(
-            np.uint8), bitorder="little")[:n]
-        return tuple(np.flatnonzero(anywhere).tolist())
+        return everyone.view(np.uint8)[:, :n]
 
     cdef int barrier(self) except -1:
         """Blocks until every rank of the group has called it."""
@@ -58,3 +56,36 @@ cdef class _Group:
         with nogil:
             status = deref(self.core).barrier()
         return CHKSTATUS(status)
+
+
+# What a rank whose new_group arguments were refused passes to the
+# agreement on the group: no group's fingerprint.
+cdef uint64_t _REFUSED_GROUP = 0x6e6f2d67726f7570
+
+
+cdef tuple _checked_group(name_ranks, Py_ssize_t size, dict groups):
+    """new_group's argument (name, ranks) checked against a world of `size`
+    ranks and the `groups` there are: the name and the list of ranks."""
+    if not isinstance(name_ranks, (tuple, list)) or len(name_ranks) != 2:
+        raise TypeError("new_group takes one tuple (name, ranks)")
+    name, ranks = name_ranks
+    if not isinstance(name, str):
+        raise TypeError(
+            f"the group name must be a str, not {type(name).__name__}")
+    if name in groups:
+        raise ValueError(f"group {name!r} already exists")
+    try:
+        ranks = [operator.index(r) for r in ranks]
+    except TypeError:
+        raise TypeError(
+            f"the ranks of group {name!r} must be a list of ints, "
+            f"got {ranks!r}") from None
+    if not ranks:
+        raise ValueError(f"group {name!r} has no ranks")
+    for r in ranks:
+        if not 0 <= r < size:
+            raise ValueError(
+                f"rank {r} of group {name!r} is out of range [0, {size})")
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"group {name!r} lists a rank twice: {ranks}")
+    return name, ranks

@@ -508,26 +508,29 @@ cdef class AllReduceCallback:
         """Where the ranks' backwards reach different gradients (a branch
         or a loss only some ranks take, a layer frozen on some), as PyTorch
         DDP's find_unused_parameters: the plan over the gradients that any
-        rank's backward reaches, which a rank whose backward does not
-        reach one hands to the engine as its backward begins, with what it
-        holds (zeros after zero_grad). Its buckets go in gradient order
+        rank's backward reaches, in the dtypes those ranks' gradients have,
+        which a rank whose backward does not reach one hands to the engine
+        as its backward begins, with what it holds (zeros after zero_grad;
+        converted where it has another dtype, as a gradient nnabla never
+        wrote in mixed precision has). Its buckets go in gradient order
         (backward's where data lists parameters as made), as the ranks'
         graphs, which `priority="forward"` follows, differ. Raises
         ValueError on every rank where the ranks differ otherwise (the
-        gradients' number, sizes, dtypes or priorities, or a rank's lie on
-        another GPU than its group's). `key`: _agreed_plan's on this rank;
-        `draft`: this rank's own plan, if it made one. Collective."""
+        gradients' number, sizes, priorities, the dtypes of a gradient
+        that several reach, or a rank's lie on another GPU than its
+        group's). `key`: _agreed_plan's on this rank; `draft`: this rank's
+        own plan, if it made one. Collective."""
         reached, sizes, codes, _ = key
         priorities = None if self.priority == "forward" else self.priority
         placed = draft is None or draft.placed.ok()
         if not self.group.same_everywhere(
-                _digest((sizes, codes, priorities, placed)) & _WORD,
+                _digest((sizes, priorities, placed)) & _WORD,
                 b"agreeing on the gradients to reduce"):
             if draft is not None:
                 CHKSTATUS(draft.placed)  # this rank's own reason
             raise ValueError(_PLANS_DIFFER + ", or a rank's are on another "
                              "GPU than its group's")
-        anywhere = self.group.union_of(reached, len(sizes))
+        anywhere, codes = self._reached_anywhere(reached, codes)
         union = (anywhere, sizes, codes, priorities, "union")
         cdef _Plan plan = self.state.plans.get(union)
         # The ranks keep the same plans; checked all the same, as one
@@ -542,6 +545,31 @@ cdef class AllReduceCallback:
             self._keep(union, plan)
         remember(self.state.unions, key, union, _MAX_UNIONS)
         return plan
+
+    cdef tuple _reached_anywhere(self, tuple reached, tuple codes):
+        """The gradients that any rank's backward reaches (this rank's:
+        `reached`), and per gradient the dtype code of the ranks that reach
+        it (of those gradients that none reaches, the highest of the
+        ranks'), from one all-gather of two bytes per gradient; ValueError
+        on every rank where ranks that reach a gradient hold it in
+        different dtypes. Collective."""
+        n = len(codes)
+        mine = np.zeros(2 * n, np.uint8)
+        mine[:n] = np.array(codes, np.int64).astype(np.uint8)
+        mine[n + np.array(reached, np.intp)] = 1
+        table = self.group.all_gather_bytes(mine)
+        held, reaches = table[:, :n], table[:, n:] != 0
+        merged = []
+        for i in range(n):
+            found = np.unique(held[reaches[:, i], i])
+            if len(found) > 1:
+                raise ValueError(
+                    f"{_PLANS_DIFFER}: ranks whose backward reaches "
+                    f"data[{i}] hold it in different dtypes")
+            code = found[0] if len(found) else held[:, i].max()
+            merged.append(int(code.astype(np.int8)))
+        return (tuple(np.flatnonzero(reaches.any(axis=0)).tolist()),
+                tuple(merged))
 
     cdef int _keep(self, key, _Plan plan) except -1:
         """Caches `plan` under `key` on the state, whose engine thread it
