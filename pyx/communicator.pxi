@@ -446,6 +446,13 @@ cdef class Communicator:
         Returns:
             str: The group's name.
 
+        Raises:
+            TypeError: A malformed argument.
+            ValueError: An existing name, no ranks, a rank out of range or
+                twice; ranks that pass different groups raise on every
+                rank, and so do the others where one rank's arguments are
+                refused.
+
         Example:
 
         .. code-block:: python
@@ -454,30 +461,15 @@ cdef class Communicator:
             comm.all_reduce(x, group=group)
         """
         cdef _Group world = self._world()
-        if not isinstance(name_ranks, (tuple, list)) or len(name_ranks) != 2:
-            raise TypeError("new_group takes one tuple (name, ranks)")
-        name, ranks = name_ranks
-        if not isinstance(name, str):
-            raise TypeError(
-                f"the group name must be a str, not {type(name).__name__}")
-        if name in self._groups:
-            raise ValueError(f"group {name!r} already exists")
         try:
-            ranks = [operator.index(r) for r in ranks]
-        except TypeError:
-            raise TypeError(
-                f"the ranks of group {name!r} must be a list of ints, "
-                f"got {ranks!r}") from None
-        if not ranks:
-            raise ValueError(f"group {name!r} has no ranks")
-        size = len(world.ranks)
-        for r in ranks:
-            if not 0 <= r < size:
-                raise ValueError(
-                    f"rank {r} of group {name!r} is out of range "
-                    f"[0, {size})")
-        if len(set(ranks)) != len(ranks):
-            raise ValueError(f"group {name!r} lists a rank twice: {ranks}")
+            name, ranks = _checked_group(name_ranks, len(world.ranks),
+                                         self._groups)
+        except (TypeError, ValueError):
+            # The other ranks may be agreeing on a group of theirs already
+            # (create_subgroup): this one takes part, with a value that is
+            # no group's, so that they raise too instead of waiting.
+            world.same_everywhere(_REFUSED_GROUP, b"new_group")
+            raise
         group = _Group(ranks)
         cdef vector[int] cranks = ranks
         cdef string cname = name.encode()

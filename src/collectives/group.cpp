@@ -77,9 +77,10 @@ Status Group::create_subgroup(const std::vector<int> &ranks,
   NNCOMM_RETURN_IF_ERROR(transport_->agree(group.value(), &same));
   if (!same) {
     return Status::InvalidArgument(
-        "new_group '" + name + "': the ranks passed different groups (this "
-        "rank: " + rank_list(ranks) + "); every rank makes the same groups, "
-        "named alike, with the same ranks, in the same order");
+        "new_group '" + name + "': the ranks passed different groups, or "
+        "another rank's arguments were refused (this rank: " +
+        rank_list(ranks) + "); every rank makes the same groups, named "
+        "alike, with the same ranks, in the same order");
   }
   if (Join::open()) {
     // A rank that left took part in the agreement: every rank knows it left.

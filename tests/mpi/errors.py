@@ -109,6 +109,14 @@ def groups(e):
                      comm.new_group, (name, ranks))
             e.ck.equal(comm.list_groups(), state,
                        f"new_group {what}: no group registered")
+        # Arguments refused on rank 0 alone: it names its problem, and the
+        # others, already agreeing on their group, raise at once instead of
+        # waiting for it.
+        e.expect(ValueError, "out of range" if comm.rank == 0 else
+                 "arguments were refused", "new_group refused on rank 0",
+                 comm.new_group, ("solo", [0, n if comm.rank == 0 else 1]))
+        e.ck.equal(comm.list_groups(), state,
+                   "new_group refused on rank 0: no group registered")
     # Unknown groups, for every collective.
     x, lst = f32(3), [f32(3) for _ in range(n)]
     calls = collectives(comm, x, lst)
