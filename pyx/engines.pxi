@@ -22,6 +22,7 @@ cdef dict _WIRE_DTYPES = {
 
 cdef dict _FLOAT_CODES = {dt: code for dt, code in _DTYPE_CODES.items()
                           if dt.kind == "f"}
+cdef dict _FLOAT_DTYPES = {code: dt for dt, code in _FLOAT_CODES.items()}
 
 
 cdef object wire_dtype_of(ctx):
@@ -63,12 +64,16 @@ cdef class _Plan:
     cdef size_t written
 
     cdef str mark_ndarray(self, Py_ssize_t i, x, NnablaContext context,
-                          str when, str planned):
+                          str when, str planned, bint as_planned=False):
         """Hands NdArray `x`, gradient `i`, to the engine at its memory now
         (in `context`); a dtype other than planned is converted into and
-        out of its bucket this time. Returns why it cannot be, or None:
-        `when` says when `x` changed, `planned` when it was planned."""
-        dt = dtype_of(x)
+        out of its bucket this time. With `as_planned`, `x` still zeroing
+        gets its memory in the planned dtype (which nnabla's functions
+        would have written, where an array never written reports
+        float32). Returns why it cannot be, or None: `when` says when `x`
+        changed, `planned` when it was planned."""
+        dt = _FLOAT_DTYPES.get(self.codes[i]) if as_planned and x.zeroing \
+            else dtype_of(x)
         code = _FLOAT_CODES.get(dt)
         if code is None:
             return (f"data[{i}] became {dt} {when}; gradients must be "

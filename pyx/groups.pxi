@@ -33,22 +33,15 @@ cdef class _Group:
         CHKSTATUS(status)
         return same
 
-    cdef object all_gather_bytes(self, mine):
-        """Every rank's `mine`, a 1-d uint8 array of the same length on
-        every rank, as a 2-d uint8 array by group rank: one all-gather.
-        Collective."""
-        n = len(mine)
-        padded = np.zeros((n + 7) // 8 * 8 or 8, np.uint8)
-        padded[:n] = mine
-        cdef int64_t[::1] send = padded.view(np.int64)
-        everyone = np.zeros((len(self.ranks), send.shape[0]), np.int64)
-        cdef int64_t[:, ::1] out = everyone
+    cdef int unite(self, object words, const char *what) except -1:
+        """Sets each of `words` (a 1-d uint64 numpy array of the same
+        length on every rank) to the bitwise OR of every rank's (one small
+        all-reduce), `what` naming it as same_everywhere's. Collective."""
+        cdef uint64_t[::1] view = words
         cdef Status status
         with nogil:
-            status = deref(self.core).allgather(&send[0], &out[0, 0],
-                                                send.shape[0], DType.kInt64)
-        CHKSTATUS(status)
-        return everyone.view(np.uint8)[:, :n]
+            status = deref(self.core).unite(&view[0], view.shape[0], what)
+        return CHKSTATUS(status)
 
     cdef int barrier(self) except -1:
         """Blocks until every rank of the group has called it."""

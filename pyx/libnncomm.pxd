@@ -172,6 +172,7 @@ cdef extern from "nncomm/collectives/group.hpp" namespace "nncomm" nogil:
         Status open_join(bool throw_early)
         Status count_training(int* training)
         Status agree(uint64_t value, bool* same, const char* what)
+        Status unite(uint64_t* words, size_t count, const char* what)
         Status allgather(const void* send, void* recv, size_t count,
                          DType dt)
         Status all_reduce(const Placement& where, vector[ArrayRef]& arrays,

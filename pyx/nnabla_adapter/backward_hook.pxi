@@ -15,16 +15,13 @@
 
 # Bounds on what is kept per set of gradients: analyses of distinct graphs
 # (each keeps its graph alive, so few: a script that builds a new graph
-# every iteration needs only the latest), what this rank's backward reached
-# when the group ran a union plan (_union_plan; forgotten, it is found
-# again with a few small collectives) and, by memory (engines.pxi), the
+# every iteration needs only the latest), and, by memory (engines.pxi), the
 # plans of its engine thread; and of sets of gradients, each with its
 # engine thread, per group (some 30 threads at most).
 cdef int _MAX_ANALYSES = 2
-cdef int _MAX_UNIONS = 64
 cdef size_t _PLANS_BYTES = 16 << 20
 cdef size_t _STATES_BYTES = 256 << 20
-_WORD = (1 << 64) - 1  # _digest()'s signed value as an agreement's word
+_WORD = (1 << 64) - 1  # a word of the plan's agreement
 
 # The states with a backward in flight, on any thread. A thread that enters
 # nncomm anywhere else (another backward, a collective, a solver) while its
@@ -146,6 +143,35 @@ cdef int hook_solvers() except -1:
     return 0
 
 
+cdef object gradient_dtype(x, NnablaContext context):
+    """The dtype of gradient `x`; for one never written, which nnabla says
+    is float32, the dtype its functions write it in under `context` (the
+    type_config's), so that ranks whose backwards write it and ranks
+    that never did plan it alike."""
+    try:
+        return x.dtype
+    except RuntimeError:
+        return wire_dtype_of(context.ctx)
+
+
+cdef list _recasts(list unreached, idle, list data):
+    """Of the gradients that no rank's backward reaches (`unreached`),
+    which end up in different dtypes on different ranks where their
+    histories differ (a rank allocates one its backward skips in the plan's
+    dtype, which nnabla's functions on another may write in another), those
+    this rank holds in another dtype than the highest code any rank does
+    (`idle`: per gradient, the ranks' dtypes as bits), with that dtype:
+    cast, all ranks reduce them alike."""
+    recast = []
+    for i in unreached:
+        bits = int(idle[i])
+        if bits & (bits - 1):  # several dtypes
+            dt = _FLOAT_DTYPES.get(bits.bit_length() - 1)
+            if dt is not None and dtype_of(data[i]) != dt:
+                recast.append((i, dt))
+    return recast
+
+
 cdef uintptr_t key_of(f) except? 0:
     """The key of Function `f`'s call in a ReadinessTable: its hash, which
     nnabla's Function makes the address of its graph node, as nnabla's C++
@@ -180,6 +206,9 @@ cdef class _Backward:
     cdef object graph
     cdef _Plan plan
     cdef list early  # in the plan, not reached here: ready from the start
+    # (gradient, dtype): reached by no rank, and held here in another dtype
+    # than on some other rank: cast before they are reduced at the end.
+    cdef list recast
     cdef BackwardCounts* counts
     cdef object thread
     cdef int divisor  # the engine's: the group's size, or comm.join()'s
@@ -204,14 +233,9 @@ cdef class _CallbackState:
     cdef shared_ptr[BackwardCounts] counts
     cdef list grads  # kept alive: `counts` reads their nbla::NdArrays
     cdef _EngineThread thread  # made with the first plan
-    # The plans, by keys every rank of the group has alike (so that every
-    # rank drops the same plans and engines): what backward reaches where
-    # it reaches the same on every rank, else (_union_plan) what it
-    # reaches on any.
+    # The plans, by what backward reaches here where every rank runs the
+    # same plan, else (_union_plan) by what it reaches on any rank.
     cdef dict plans
-    # What this rank's backward reaches -> the key of the union plan that
-    # the group ran when it last did.
-    cdef dict unions
     cdef dict _positions
     cdef _Backward backward
     cdef _Plan latest
@@ -224,7 +248,6 @@ cdef class _CallbackState:
     def __cinit__(self, _Group group, list grads, NnablaContext context):
         self.analyses = {}
         self.plans = {}
-        self.unions = {}
         self._positions = None
         self.group = group
         self.grads = grads
@@ -450,11 +473,13 @@ cdef class AllReduceCallback:
         # planned during the last backward, gets a plan of its own.
         sizes = tuple(x.size for x in self.data)
         if self.state.codes is None or self.state.replan:
-            self.state.codes = tuple(_DTYPE_CODES.get(dtype_of(x), -1)
-                                     for x in self.data)
+            self.state.codes = tuple(
+                _DTYPE_CODES.get(gradient_dtype(x, self.context), -1)
+                for x in self.data)
             self.state.replan = False
-        cdef _Plan plan = self._agreed_plan(graph.reached, sizes,
-                                            self.state.codes, graph.forward)
+        cdef _Plan plan
+        plan, idle = self._agreed_plan(graph.reached, sizes,
+                                       self.state.codes, graph.forward)
         cdef int divisor = joined_divisor(self.group, self.division)
         plan.begin(self.scale, divisor, self.check_finite, self.hook)
         cdef _Backward bw = _Backward.__new__(_Backward)
@@ -469,107 +494,103 @@ cdef class AllReduceCallback:
         self.state.backward = bw
         self.state.latest = plan
         _in_flight.add(self.state)
+        bw.recast = _recasts(plan.unreached, idle, self.data)
         bw.early = plan.beyond(graph.reached)
         for i in bw.early:
-            self._ready(bw, i)  # not written by this rank's backward
+            self._ready(bw, i, True)  # not written by this rank's backward
         return bw
 
-    cdef _Plan _agreed_plan(self, tuple reached, tuple sizes, tuple codes,
+    cdef tuple _agreed_plan(self, tuple reached, tuple sizes, tuple codes,
                             tuple forward):
-        """The plan of this backward, the same on every rank of the group:
-        over the gradients that `reached` lists, where every rank's
-        backward reaches the same (one small all-reduce, whether the plan
-        is new or cached), else _union_plan's. Collective."""
+        """The plan of this backward, the same on every rank of the group,
+        from one small all-reduce (a bitwise OR over the ranks): where
+        every rank runs the same plan over what its own backward reaches
+        (the one cached, or a new one), that plan; else _union_plan's.
+        With it, per gradient, the dtypes (as bits) that the ranks whose
+        backward does not reach it hold it in. Raises ValueError on every
+        rank where the ranks' gradients differ in number, sizes or
+        priorities, or a rank's lie on another GPU than its group's.
+        Collective."""
         priorities = forward if self.priority == "forward" else self.priority
         key = (reached, sizes, codes, priorities)
-        cdef _Plan plan = self.state.plans.get(
-            self.state.unions.get(key, key))
+        cdef _Plan plan = self.state.plans.get(key)
         cdef _Draft draft = None
-        cdef GpuArrays device
+        cdef GpuArrays device = None
+        refused = None
         if plan is None:
             # Gradients of the last layers are final first: planned first.
             device = self._device()
-            draft = draft_plan(self.group, list(reversed(reached)), sizes,
-                               codes, self.pack_size, self.keep_dtype,
-                               self.wire, device, priorities)
-        if not self.group.same_everywhere(
-                draft.proposal() if plan is None
-                else plan.fingerprint ^ _REUSED,
-                b"agreeing on the plan of gradient buckets"):
-            return self._union_plan(key, draft)
+            try:
+                draft = draft_plan(self.group, list(reversed(reached)), sizes,
+                                   codes, self.pack_size, self.keep_dtype,
+                                   self.wire, device, priorities)
+            except (TypeError, ValueError) as e:
+                refused = e  # raised once the others know
+        usable = refused is None and (draft is None or draft.placed.ok())
+        # What every rank must pass alike, whatever its backward reaches;
+        # the plan it would run (one reused never matches one made anew,
+        # as the two go on to different calls); per gradient its dtype as
+        # a bit, where backward reaches it (`held`) and where not (`idle`:
+        # its dtype now, which nnabla says is float32 for one never
+        # written).
+        rest = _digest((sizes, self.priority, usable)) & _WORD
+        proposal = plan.fingerprint ^ _REUSED if plan is not None else \
+            draft.proposal() if draft is not None else 0
+        n = len(sizes)
+        width = (n + 7) // 8
+        words = np.zeros(4 + 2 * width, np.uint64)
+        words[:4] = [rest, rest ^ _WORD, proposal, proposal ^ _WORD]
+        held = words[4:4 + width].view(np.uint8)[:n]
+        idle = words[4 + width:].view(np.uint8)[:n]
+        for i in reached:
+            held[i] = 1 << codes[i]
+        if len(reached) < n:
+            for i in np.flatnonzero(held == 0).tolist():
+                idle[i] = 1 << _DTYPE_CODES.get(dtype_of(self.data[i]), 0)
+        self.group.unite(words, b"agreeing on the plan of gradient buckets")
+        united = words[:4].tolist()
+        if refused is not None:
+            raise refused
+        if draft is not None:
+            CHKSTATUS(draft.placed)  # this rank's own reason
+        if united[:2] != [rest, rest ^ _WORD]:
+            raise ValueError(_PLANS_DIFFER + ", or a rank's are on another "
+                             "GPU than its group's")
+        if united[2:] != [proposal, proposal ^ _WORD]:
+            return self._union_plan(sizes, held), idle
         if plan is None:
-            CHKSTATUS(draft.placed)
             plan = commit_plan(self.group, draft, self.data, device,
                                self.state.thread)
             self._keep(key, plan)
-        return plan
+        return plan, idle
 
-    cdef _Plan _union_plan(self, tuple key, _Draft draft):
+    cdef _Plan _union_plan(self, tuple sizes, held):
         """Where the ranks' backwards reach different gradients (a branch
         or a loss only some ranks take, a layer frozen on some), as PyTorch
         DDP's find_unused_parameters: the plan over the gradients that any
-        rank's backward reaches, in the dtypes those ranks' gradients have,
-        which a rank whose backward does not reach one hands to the engine
-        as its backward begins, with what it holds (zeros after zero_grad;
-        converted where it has another dtype, as a gradient nnabla never
-        wrote in mixed precision has). Its buckets go in gradient order
-        (backward's where data lists parameters as made), as the ranks'
-        graphs, which `priority="forward"` follows, differ. Raises
-        ValueError on every rank where the ranks differ otherwise (the
-        gradients' number, sizes, priorities, the dtypes of a gradient
-        that several reach, or a rank's lie on another GPU than its
-        group's). `key`: _agreed_plan's on this rank; `draft`: this rank's
-        own plan, if it made one. Collective."""
-        reached, sizes, codes, _ = key
+        rank's backward reaches (`held`: per gradient, the dtypes those
+        ranks hold it in, as bits), in the dtype they hold it in (the
+        highest code, should they differ), which a rank whose backward does
+        not reach one hands to the engine as its backward begins, with
+        what it holds (zeros after zero_grad). Its buckets go in gradient
+        order (backward's where data lists parameters as made), as the
+        ranks' graphs, which `priority="forward"` follows, differ.
+        Collective where the plan is new."""
         priorities = None if self.priority == "forward" else self.priority
-        placed = draft is None or draft.placed.ok()
-        if not self.group.same_everywhere(
-                _digest((sizes, priorities, placed)) & _WORD,
-                b"agreeing on the gradients to reduce"):
-            if draft is not None:
-                CHKSTATUS(draft.placed)  # this rank's own reason
-            raise ValueError(_PLANS_DIFFER + ", or a rank's are on another "
-                             "GPU than its group's")
-        anywhere, codes = self._reached_anywhere(reached, codes)
+        anywhere = tuple(np.flatnonzero(held).tolist())
+        codes = tuple(int(bits).bit_length() - 1 if bits else self.wire
+                      for bits in held.tolist())
         union = (anywhere, sizes, codes, priorities, "union")
+        # Every rank has made the same plans and dropped the same (their
+        # caches fill alike, measured alike), so all find it or none.
         cdef _Plan plan = self.state.plans.get(union)
-        # The ranks keep the same plans; checked all the same, as one
-        # reusing it and one making it anew would make different calls.
-        if not self.group.same_everywhere(
-                plan is not None,
-                b"agreeing on the plan of gradient buckets") or plan is None:
+        if plan is None:
             plan = make_plan(self.group, self.data, list(reversed(anywhere)),
                              sizes, codes, self.pack_size, self.keep_dtype,
                              self.wire, self._device(), priorities,
                              self.state.thread)
             self._keep(union, plan)
-        remember(self.state.unions, key, union, _MAX_UNIONS)
         return plan
-
-    cdef tuple _reached_anywhere(self, tuple reached, tuple codes):
-        """The gradients that any rank's backward reaches (this rank's:
-        `reached`), and per gradient the dtype code of the ranks that reach
-        it (of those gradients that none reaches, the highest of the
-        ranks'), from one all-gather of two bytes per gradient; ValueError
-        on every rank where ranks that reach a gradient hold it in
-        different dtypes. Collective."""
-        n = len(codes)
-        mine = np.zeros(2 * n, np.uint8)
-        mine[:n] = np.array(codes, np.int64).astype(np.uint8)
-        mine[n + np.array(reached, np.intp)] = 1
-        table = self.group.all_gather_bytes(mine)
-        held, reaches = table[:, :n], table[:, n:] != 0
-        merged = []
-        for i in range(n):
-            found = np.unique(held[reaches[:, i], i])
-            if len(found) > 1:
-                raise ValueError(
-                    f"{_PLANS_DIFFER}: ranks whose backward reaches "
-                    f"data[{i}] hold it in different dtypes")
-            code = found[0] if len(found) else held[:, i].max()
-            merged.append(int(code.astype(np.int8)))
-        return (tuple(np.flatnonzero(reaches.any(axis=0)).tolist()),
-                tuple(merged))
 
     cdef int _keep(self, key, _Plan plan) except -1:
         """Caches `plan` under `key` on the state, whose engine thread it
@@ -584,10 +605,12 @@ cdef class AllReduceCallback:
         engine works on nnabla's stream); None on the host."""
         return device_arrays(self.data[:1], self.context, "data", None)
 
-    cdef int _ready(self, _Backward bw, Py_ssize_t i) except -1:
+    cdef int _ready(self, _Backward bw, Py_ssize_t i,
+                    bint as_planned=False) except -1:
         error = bw.plan.mark_ndarray(
             i, self.data[i], self.context, "during backward",
-            "when this backward began (reshaped during backward?)")
+            "when this backward began (reshaped during backward?)",
+            as_planned)
         if error is not None:
             self._fail(bw, error)
         # The next backward plans for the dtypes the gradients have then.
@@ -631,6 +654,8 @@ cdef class AllReduceCallback:
         # Every rank reduces the unreached gradients, whatever happened
         # above, so that the ranks' MPI calls stay matched.
         try:
+            for i, dt in bw.recast:
+                self.data[i].cast(dt, self.context.ctx)
             all_reduce_list(self.group, [self.data[i]
                                          for i in bw.plan.unreached],
                             self.context, self.division,

@@ -206,6 +206,12 @@ Status Group::agree(uint64_t value, bool *same, const char *what) {
   return transport_->agree(value, same);
 }
 
+Status Group::unite(uint64_t *words, size_t count, const char *what) {
+  NNCOMM_IN_TURN();
+  OperationLabel label(what);
+  return transport_->unite(words, count);
+}
+
 Status Group::allgather(const void *send, void *recv, size_t count,
                         DType dt) {
   NNCOMM_IN_TURN();

@@ -703,6 +703,15 @@ Status MpiTransport::agree(uint64_t value, bool *same) {
   return same_everywhere(comm_, value, same);
 }
 
+Status MpiTransport::unite(uint64_t *words, size_t count) {
+  NNCOMM_RETURN_IF_ERROR(begin(
+      described(ShadowOp::Kind::kUnite, "unite", count, DType::kInt64)));
+  WorkPtr round;
+  NNCOMM_RETURN_IF_ERROR(start_word_round(
+      comm_, words, static_cast<int>(count), MPI_UINT64_T, MPI_BOR, &round));
+  return wait_for(*round, rank_ == 0, nullptr);
+}
+
 Status MpiTransport::same_everywhere(MPI_Comm comm, uint64_t value,
                                      bool *same) {
   // max(v) == v and max(~v) == ~v hold on every rank only if all v agree.
@@ -831,6 +840,14 @@ Status MpiTransport::start_shadow(const ShadowOp &op,
   case Kind::kCount: {
     int64_t *total = reinterpret_cast<int64_t *>(zeros(scratch, 8));
     return start_count(0, total, work);
+  }
+  case Kind::kUnite: {
+    // Zeros leave every rank's OR as it is.
+    NNCOMM_RETURN_IF_ERROR(begin(op));
+    uint64_t *words =
+        reinterpret_cast<uint64_t *>(zeros(scratch, 8 * op.count));
+    return start_word_round(comm_, words, static_cast<int>(op.count),
+                            MPI_UINT64_T, MPI_BOR, work);
   }
   case Kind::kDuplicate:
     return Status::InvalidArgument(

@@ -89,6 +89,7 @@ const char *kind_name(OpKind kind) {
   case OpKind::kBarrier: return "barrier";
   case OpKind::kAgree: return "agree";
   case OpKind::kCheck: return "check of a call";
+  case OpKind::kUnite: return "unite";
   }
   return "?";
 }
@@ -293,6 +294,15 @@ void FakeWorld::compute(Operation &op) const {
     op.results.assign(size_, std::vector<char>{same});
     break;
   }
+  case OpKind::kUnite: {
+    std::vector<char> united(bytes, 0);
+    for (const std::vector<char> *share : shares) {
+      for (size_t b = 0; b < bytes; ++b)
+        united[b] |= (*share)[b];
+    }
+    op.results.assign(size_, united);
+    break;
+  }
   }
   for (std::optional<Arrival> &a : op.arrivals)
     a->share = {}; // not needed any more
@@ -436,6 +446,14 @@ Status FakeTransport::compare(OpKind kind, uint64_t value, bool *same) {
 
 Status FakeTransport::agree(uint64_t value, bool *same) {
   return compare(OpKind::kAgree, value, same);
+}
+
+Status FakeTransport::unite(uint64_t *words, size_t count) {
+  WorkPtr work;
+  NNCOMM_RETURN_IF_ERROR(start({OpKind::kUnite, count}, nullptr,
+                               copy_of(words, count * sizeof *words), words,
+                               1, &work));
+  return nncomm::wait_for(*work, rank_ == 0, nullptr);
 }
 
 Status FakeTransport::check_call(uint64_t signature, bool always) {

@@ -49,6 +49,7 @@ enum class OpKind {
   kBarrier,
   kAgree,
   kCheck, // check_call()'s comparison
+  kUnite,
 };
 
 // What ranks must agree on for their operations to meet, as MpiTransport's
@@ -172,6 +173,7 @@ public:
                                   nncomm::WorkPtr *work) override;
   nncomm::Status start_barrier(nncomm::WorkPtr *work) override;
   nncomm::Status agree(uint64_t value, bool *same) override;
+  nncomm::Status unite(uint64_t *words, size_t count) override;
   nncomm::Status check_call(uint64_t signature, bool always) override;
   // As NCCL's pre-multiplied sum in a 16-bit dtype: scaling said to be
   // imprecise (the arithmetic stays exact) once scale_imprecisely() is

@@ -202,6 +202,17 @@ TEST(fake_alltoallv_fails_where_counts_do_not_match) {
   });
 }
 
+TEST(fake_unite_ors_every_rank_words) {
+  FakeWorld world(3);
+  run_ranks(3, [&](int rank) {
+    auto t = world.transport(rank);
+    uint64_t words[2] = {uint64_t{1} << rank, rank == 2 ? ~uint64_t{0} : 0};
+    CHECK_OK(t->unite(words, 2));
+    CHECK_EQ(words[0], uint64_t{7});
+    CHECK_EQ(words[1], ~uint64_t{0});
+  });
+}
+
 TEST(fake_agree_and_check_call) {
   FakeWorld world(3);
   run_ranks(3, [&](int rank) {

@@ -88,6 +88,8 @@ public:
   // `what` names the agreement in stall reports and errors (a literal,
   // without %).
   Status agree(uint64_t value, bool *same, const char *what);
+  // Transport::unite, `what` naming it as agree's.
+  Status unite(uint64_t *words, size_t count, const char *what);
   Status allgather(const void *send, void *recv, size_t count, DType dt);
   // The list collectives of list_collectives.hpp, on this group, on arrays
   // placed `where`.

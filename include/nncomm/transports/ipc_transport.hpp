@@ -77,6 +77,9 @@ public:
   Status agree(uint64_t value, bool *same) override {
     return staged_->agree(value, same);
   }
+  Status unite(uint64_t *words, size_t count) override {
+    return staged_->unite(words, count);
+  }
   Status check_call(uint64_t signature, bool always) override {
     return staged_->check_call(signature, always);
   }

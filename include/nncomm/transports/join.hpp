@@ -48,6 +48,7 @@ struct ShadowOp {
     kCheck,     // same_everywhere on its check_call() communicator
     kDuplicate, // a new communicator: refused while a rank has left
     kCount,     // Join::Count's round
+    kUnite,     // unite(): bitwise OR of words
   };
   Kind kind = Kind::kBarrier;
   const char *name = nullptr; // a literal, naming it in flight records

@@ -69,6 +69,7 @@ public:
                           WorkPtr *work) override;
   Status start_barrier(WorkPtr *work) override;
   Status agree(uint64_t value, bool *same) override;
+  Status unite(uint64_t *words, size_t count) override;
   // Compares on a communicator of its own, so that a rank that did not
   // compare cannot match the comparison with a collective.
   Status check_call(uint64_t signature, bool always) override;

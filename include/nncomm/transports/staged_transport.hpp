@@ -53,6 +53,9 @@ public:
   Status agree(uint64_t value, bool *same) override {
     return host_->agree(value, same);
   }
+  Status unite(uint64_t *words, size_t count) override {
+    return host_->unite(words, count);
+  }
   Status check_call(uint64_t signature, bool always) override {
     return host_->check_call(signature, always);
   }

@@ -107,6 +107,8 @@ public:
 
   // Sets `*same` to whether every rank passed the same `value`.
   virtual Status agree(uint64_t value, bool *same) = 0;
+  // Sets each of the `count` `words` to the bitwise OR of every rank's.
+  virtual Status unite(uint64_t *words, size_t count) = 0;
   // Checks that the ranks make the same call, `signature` being what every
   // rank must agree on: compared across the ranks the first time this
   // signature comes on this transport (every time with `always`), together
