@@ -15,10 +15,12 @@
 
 # Bounds on what is kept per set of gradients: analyses of distinct graphs
 # (each keeps its graph alive, so few: a script that builds a new graph
-# every iteration needs only the latest), and, by memory (engines.pxi), the
-# plans of its engine thread; and of sets of gradients, each with its
-# engine thread, per group (some 30 threads at most).
+# every iteration needs only the latest), the words a rank sends to agree
+# on a cached plan, and, by memory (engines.pxi), the plans of its engine
+# thread; and of sets of gradients, each with its engine thread, per group
+# (some 30 threads at most).
 cdef int _MAX_ANALYSES = 2
+cdef int _MAX_AGREEMENTS = 64
 cdef size_t _PLANS_BYTES = 16 << 20
 cdef size_t _STATES_BYTES = 256 << 20
 _WORD = (1 << 64) - 1  # a word of the plan's agreement
@@ -154,14 +156,25 @@ cdef object gradient_dtype(x, NnablaContext context):
         return wire_dtype_of(context.ctx)
 
 
-cdef list _recasts(list unreached, idle, list data):
+cdef tuple _dtype_bits(words, Py_ssize_t n):
+    """The two byte arrays in the words of a plan's agreement, per gradient
+    of `n`: its dtype as a bit where backward reaches it, and where not."""
+    width = (n + 7) // 8
+    return (words[4:4 + width].view(np.uint8)[:n],
+            words[4 + width:].view(np.uint8)[:n])
+
+
+cdef list _recasts(list unreached, words, list data):
     """Of the gradients that no rank's backward reaches (`unreached`),
     which end up in different dtypes on different ranks where their
     histories differ (a rank allocates one its backward skips in the plan's
     dtype, which nnabla's functions on another may write in another), those
     this rank holds in another dtype than the highest code any rank does
-    (`idle`: per gradient, the ranks' dtypes as bits), with that dtype:
-    cast, all ranks reduce them alike."""
+    (per gradient, the ranks' dtypes as bits in the agreed `words`), with
+    that dtype: cast, all ranks reduce them alike."""
+    if not unreached:
+        return []
+    idle = _dtype_bits(words, len(data))[1]
     recast = []
     for i in unreached:
         bits = int(idle[i])
@@ -234,8 +247,10 @@ cdef class _CallbackState:
     cdef list grads  # kept alive: `counts` reads their nbla::NdArrays
     cdef _EngineThread thread  # made with the first plan
     # The plans, by what backward reaches here where every rank runs the
-    # same plan, else (_union_plan) by what it reaches on any rank.
+    # same plan, else (_union_plan) by what it reaches on any rank; and by
+    # the former, what _agreed_plan sends for them.
     cdef dict plans
+    cdef dict agreements
     cdef dict _positions
     cdef _Backward backward
     cdef _Plan latest
@@ -248,6 +263,7 @@ cdef class _CallbackState:
     def __cinit__(self, _Group group, list grads, NnablaContext context):
         self.analyses = {}
         self.plans = {}
+        self.agreements = {}
         self._positions = None
         self.group = group
         self.grads = grads
@@ -478,8 +494,8 @@ cdef class AllReduceCallback:
                 for x in self.data)
             self.state.replan = False
         cdef _Plan plan
-        plan, idle = self._agreed_plan(graph.reached, sizes,
-                                       self.state.codes, graph.forward)
+        plan, words = self._agreed_plan(graph.reached, sizes,
+                                        self.state.codes, graph.forward)
         cdef int divisor = joined_divisor(self.group, self.division)
         plan.begin(self.scale, divisor, self.check_finite, self.hook)
         cdef _Backward bw = _Backward.__new__(_Backward)
@@ -494,7 +510,7 @@ cdef class AllReduceCallback:
         self.state.backward = bw
         self.state.latest = plan
         _in_flight.add(self.state)
-        bw.recast = _recasts(plan.unreached, idle, self.data)
+        bw.recast = _recasts(plan.unreached, words, self.data)
         bw.early = plan.beyond(graph.reached)
         for i in bw.early:
             self._ready(bw, i, True)  # not written by this rank's backward
@@ -506,8 +522,7 @@ cdef class AllReduceCallback:
         from one small all-reduce (a bitwise OR over the ranks): where
         every rank runs the same plan over what its own backward reaches
         (the one cached, or a new one), that plan; else _union_plan's.
-        With it, per gradient, the dtypes (as bits) that the ranks whose
-        backward does not reach it hold it in. Raises ValueError on every
+        With it, the words the ranks agreed with (_dtype_bits). Raises ValueError on every
         rank where the ranks' gradients differ in number, sizes or
         priorities, or a rank's lie on another GPU than its group's.
         Collective."""
@@ -526,43 +541,56 @@ cdef class AllReduceCallback:
                                    self.wire, device, priorities)
             except (TypeError, ValueError) as e:
                 refused = e  # raised once the others know
-        usable = refused is None and (draft is None or draft.placed.ok())
-        # What every rank must pass alike, whatever its backward reaches;
-        # the plan it would run (one reused never matches one made anew,
-        # as the two go on to different calls); per gradient its dtype as
-        # a bit, where backward reaches it (`held`) and where not (`idle`:
-        # its dtype now, which nnabla says is float32 for one never
-        # written).
-        rest = _digest((sizes, self.priority, usable)) & _WORD
-        proposal = plan.fingerprint ^ _REUSED if plan is not None else \
-            draft.proposal() if draft is not None else 0
+        # What this rank passes, made once per cached plan.
+        sent = self.state.agreements.get(key) if plan is not None else None
+        if sent is None:
+            sent = self._agreement(plan, draft, refused, reached, sizes, codes)
+            if plan is not None:
+                remember(self.state.agreements, key, sent, _MAX_AGREEMENTS)
+        words = sent.copy()
         n = len(sizes)
-        width = (n + 7) // 8
-        words = np.zeros(4 + 2 * width, np.uint64)
-        words[:4] = [rest, rest ^ _WORD, proposal, proposal ^ _WORD]
-        held = words[4:4 + width].view(np.uint8)[:n]
-        idle = words[4 + width:].view(np.uint8)[:n]
-        for i in reached:
-            held[i] = 1 << codes[i]
         if len(reached) < n:
+            held, idle = _dtype_bits(words, n)
             for i in np.flatnonzero(held == 0).tolist():
                 idle[i] = 1 << _DTYPE_CODES.get(dtype_of(self.data[i]), 0)
         self.group.unite(words, b"agreeing on the plan of gradient buckets")
-        united = words[:4].tolist()
         if refused is not None:
             raise refused
         if draft is not None:
             CHKSTATUS(draft.placed)  # this rank's own reason
-        if united[:2] != [rest, rest ^ _WORD]:
+        united, mine = words[:4].tolist(), sent[:4].tolist()
+        if united[:2] != mine[:2]:
             raise ValueError(_PLANS_DIFFER + ", or a rank's are on another "
                              "GPU than its group's")
-        if united[2:] != [proposal, proposal ^ _WORD]:
-            return self._union_plan(sizes, held), idle
+        if united[2:] != mine[2:]:
+            return self._union_plan(sizes, _dtype_bits(words, n)[0]), words
         if plan is None:
             plan = commit_plan(self.group, draft, self.data, device,
                                self.state.thread)
             self._keep(key, plan)
-        return plan, idle
+        return plan, words
+
+    cdef object _agreement(self, _Plan plan, _Draft draft, refused,
+                           tuple reached, tuple sizes, tuple codes):
+        """What this rank passes to _agreed_plan's all-reduce, its dtypes
+        of the gradients its backward does not reach left out: what every
+        rank must pass alike, whatever its backward reaches; the plan it
+        would run, `plan` cached or `draft` new (one reused never matches
+        one made anew, as the two go on to different calls); per gradient
+        its dtype as a bit, where backward reaches it (`held`), then where
+        not (`idle`: its dtype now, which nnabla says is float32 for one
+        never written)."""
+        usable = refused is None and (draft is None or draft.placed.ok())
+        rest = _digest((sizes, self.priority, usable)) & _WORD
+        proposal = plan.fingerprint ^ _REUSED if plan is not None else \
+            draft.proposal() if draft is not None else 0
+        n = len(sizes)
+        words = np.zeros(4 + 2 * ((n + 7) // 8), np.uint64)
+        words[:4] = [rest, rest ^ _WORD, proposal, proposal ^ _WORD]
+        held = _dtype_bits(words, n)[0]
+        for i in reached:
+            held[i] = 1 << codes[i]
+        return words
 
     cdef _Plan _union_plan(self, tuple sizes, held):
         """Where the ranks' backwards reach different gradients (a branch
