@@ -55,7 +55,7 @@ cdef class _Plan:
     cdef list buckets  # per bucket of the plan: its gradients
     cdef vector[long] sizes
     cdef vector[int] codes  # per gradient: its dtype code when planned
-    cdef bint converted  # a gradient came in another dtype than planned
+    cdef bint converted  # this iteration, a gradient came in another dtype
     cdef _HookCaller hook  # the latest iteration's bucket hook, or None
     # Per gradient, its buckets not written back yet, and the buckets
     # written back as last seen: newly_written_back()'s, made at its first
@@ -105,6 +105,7 @@ cdef class _Plan:
         `hook`, the hook reduces every bucket."""
         self.hook = hook
         self.left = None
+        self.converted = False
         return CHKSTATUS(self.core().begin(
             self.id, scale, divisor, check_finite,
             <BucketHook*>NULL if hook is None else hook.begin()))
