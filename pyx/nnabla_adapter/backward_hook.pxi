@@ -522,10 +522,10 @@ cdef class AllReduceCallback:
         from one small all-reduce (a bitwise OR over the ranks): where
         every rank runs the same plan over what its own backward reaches
         (the one cached, or a new one), that plan; else _union_plan's.
-        With it, the words the ranks agreed with (_dtype_bits). Raises ValueError on every
-        rank where the ranks' gradients differ in number, sizes or
-        priorities, or a rank's lie on another GPU than its group's.
-        Collective."""
+        With it, the words the ranks agreed with (_dtype_bits). Raises
+        ValueError on every rank where the ranks' gradients differ in
+        number, sizes or priorities, or a rank's lie on another GPU than
+        its group's. Collective."""
         priorities = forward if self.priority == "forward" else self.priority
         key = (reached, sizes, codes, priorities)
         cdef _Plan plan = self.state.plans.get(key)
