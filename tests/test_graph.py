@@ -1,6 +1,8 @@
 """The backward-graph analysis behind all_reduce_callback, in one process:
 its prediction of which functions backward calls, and how many of them
 write each gradient, against what nnabla's backward actually does."""
+import functools
+
 import nnabla as nn
 import nnabla.functions as F
 import nnabla.parametric_functions as PF
@@ -19,7 +21,7 @@ from graph_catalogue import (BY_RANK, CATALOGUE,  # noqa: E402
 
 # Every graph, those made per rank as ranks 0 to 2 make them.
 ALL_GRAPHS = CATALOGUE + [
-    (lambda b, r: lambda: b(r))(b, r) for b in BY_RANK for r in range(3)]
+    functools.partial(b, r) for b in BY_RANK for r in range(3)]
 
 
 def graph_with_shared_and_frozen():

@@ -145,17 +145,6 @@ cdef int hook_solvers() except -1:
     return 0
 
 
-cdef object gradient_dtype(x, NnablaContext context):
-    """The dtype of gradient `x`; for one never written, which nnabla says
-    is float32, the dtype its functions write it in under `context` (the
-    type_config's), so that ranks whose backwards write it and ranks
-    that never did plan it alike."""
-    try:
-        return x.dtype
-    except RuntimeError:
-        return wire_dtype_of(context.ctx)
-
-
 cdef tuple _dtype_bits(words, Py_ssize_t n):
     """The two byte arrays in the words of a plan's agreement, per gradient
     of `n`: its dtype as a bit where backward reaches it, and where not."""
@@ -489,8 +478,13 @@ cdef class AllReduceCallback:
         # planned during the last backward, gets a plan of its own.
         sizes = tuple(x.size for x in self.data)
         if self.state.codes is None or self.state.replan:
+            # A gradient never written counts as the dtype nnabla's
+            # functions write it in (the context's type_config), so that
+            # ranks whose backwards write it and ranks that never did plan
+            # it alike.
+            unwritten = wire_dtype_of(self.context.ctx)
             self.state.codes = tuple(
-                _DTYPE_CODES.get(gradient_dtype(x, self.context), -1)
+                _DTYPE_CODES.get(dtype_of(x, unwritten), -1)
                 for x in self.data)
             self.state.replan = False
         cdef _Plan plan

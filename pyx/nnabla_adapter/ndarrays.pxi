@@ -76,11 +76,13 @@ cdef list gradient_names(list grads):
     return found
 
 
-cdef object dtype_of(x):
+cdef object dtype_of(x, unwritten=_DEFAULT_DTYPE):
+    """The dtype of NdArray `x`; `unwritten` for one never written, for
+    which nnabla has none to report."""
     try:
         return x.dtype
     except RuntimeError:
-        return _DEFAULT_DTYPE
+        return unwritten
 
 
 cdef void* _materialize(void* context, size_t index) noexcept with gil:
