@@ -153,6 +153,12 @@ cdef tuple _dtype_bits(words, Py_ssize_t n):
             words[4 + width:].view(np.uint8)[:n])
 
 
+cdef inline int _highest_code(bits) except -2:
+    """Of dtype codes held as bits (one per rank's dtype), the highest:
+    the dtype that the ranks holding a gradient in several reduce it in."""
+    return int(bits).bit_length() - 1
+
+
 cdef list _recasts(list unreached, words, list data):
     """Of the gradients that no rank's backward reaches (`unreached`),
     which end up in different dtypes on different ranks where their
@@ -168,7 +174,7 @@ cdef list _recasts(list unreached, words, list data):
     for i in unreached:
         bits = int(idle[i])
         if bits & (bits - 1):  # several dtypes
-            dt = _FLOAT_DTYPES.get(bits.bit_length() - 1)
+            dt = _FLOAT_DTYPES.get(_highest_code(bits))
             if dt is not None and dtype_of(data[i]) != dt:
                 recast.append((i, dt))
     return recast
@@ -600,7 +606,7 @@ cdef class AllReduceCallback:
         Collective where the plan is new."""
         priorities = None if self.priority == "forward" else self.priority
         anywhere = tuple(np.flatnonzero(held).tolist())
-        codes = tuple(int(bits).bit_length() - 1 if bits else self.wire
+        codes = tuple(_highest_code(bits) if bits else self.wire
                       for bits in held.tolist())
         union = (anywhere, sizes, codes, priorities, "union")
         # Every rank has made the same plans and dropped the same (their
