@@ -3,15 +3,25 @@
 # runs on the gradients backward did not reach.
 
 
-cdef int all_reduce_list(_Group g, list arrays, NnablaContext context,
-                         bint division, float scale, bint fuse) except -1:
-    """Communicator.all_reduce's work on `arrays` (checked distinct): on
-    their device, or on the memory of NdArrays of `context`."""
-    cdef Placed placed = place(arrays, context, "data", None, True)
+cdef Placed reduced_arrays(list arrays, NnablaContext context,
+                           bint division, bint zeroing_as_null):
+    """The `arrays` (checked distinct) of a reduction (`data`), placed as
+    place() places them, each over memory of its own, and floating where
+    the reduction averages (`division`)."""
+    cdef Placed placed = place(arrays, context, "data", None,
+                               zeroing_as_null)
     if not placed.foreign:  # GPU arrays were checked by their memory
         check_disjoint(placed.refs, "data")
     if division:
         check_floating(placed.dtypes, "data")
+    return placed
+
+
+cdef int all_reduce_list(_Group g, list arrays, NnablaContext context,
+                         bint division, float scale, bint fuse) except -1:
+    """Communicator.all_reduce's work on `arrays` (checked distinct): on
+    their device, or on the memory of NdArrays of `context`."""
+    cdef Placed placed = reduced_arrays(arrays, context, division, True)
     cdef Materializer materialize = placed.materializer()
     cdef Status status
     with nogil:

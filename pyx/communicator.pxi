@@ -519,7 +519,7 @@ cdef class Communicator:
     # -- collectives --------------------------------------------------------
 
     def all_reduce(self, data, bint division=False, bint inplace=False,
-                   group="world"):
+                   group="world", *, bint async_op=False):
         """Sums arrays over the ranks of a group, in place.
 
         Arrays that are still zeroing (``NdArray.zeroing``) on every rank are
@@ -533,6 +533,13 @@ cdef class Communicator:
                 buffer. When false, small arrays are packed into one message
                 per dtype.
             group (str): Name of a group.
+            async_op (bool): nncomm's own, from PyTorch and Horovod: start
+                the reduction and return at once (arrays still zeroing are
+                written as zeros first).
+
+        Returns:
+            :obj:`Pending` with ``async_op=True`` (wait for it before
+            touching the arrays); else None.
 
         Example:
 
@@ -543,8 +550,20 @@ cdef class Communicator:
         cdef _Group g = self._member(group)
         cdef list data_list = as_ndarray_list(data, "data")
         check_distinct(data_list, "data")
-        all_reduce_list(g, data_list, self._context, division, 1.0,
-                        not inplace)
+        if not async_op:
+            all_reduce_list(g, data_list, self._context, division, 1.0,
+                            not inplace)
+            return None
+        cdef Placed placed = reduced_arrays(data_list, self._context,
+                                            division, False)
+        cdef GroupCall call
+        call.kind = CallKind.kAllReduce
+        call.where = placed.where
+        call.arrays = placed.refs
+        call.division = division
+        call.scale = 1.0
+        call.fuse = not inplace
+        return start_async(g, call, data_list)
 
     def grouped_all_reduce(self, data_lists, bint division=False,
                            group="world"):
@@ -581,7 +600,7 @@ cdef class Communicator:
                             True)
 
     def reduce(self, data, dst, bint division=False, bint inplace=False,
-               group="world"):
+               group="world", *, bint async_op=False):
         """Sums arrays of a group's ranks into rank ``dst``; the others keep
         their arrays unchanged.
 
@@ -591,24 +610,34 @@ cdef class Communicator:
             division (bool): Average over the group instead of summing.
             inplace (bool): Reduce array by array, without packing.
             group (str): Name of a group.
+            async_op (bool): As :meth:`all_reduce`'s.
+
+        Returns:
+            :obj:`Pending` with ``async_op=True``; else None.
         """
         cdef _Group g = self._member(group)
         cdef int root = _root(dst, "dst", g, group)
         cdef list data_list = as_ndarray_list(data, "data")
         check_distinct(data_list, "data")
-        cdef Placed arrays = place(data_list, self._context, "data",
-                                   None)
-        if not arrays.foreign:  # GPU arrays were checked by memory
-            check_disjoint(arrays.refs, "data")
-        if division:
-            check_floating(arrays.dtypes, "data")
+        cdef Placed arrays = reduced_arrays(data_list, self._context,
+                                            division, False)
+        cdef GroupCall call
+        if async_op:
+            call.kind = CallKind.kReduce
+            call.where = arrays.where
+            call.arrays = arrays.refs
+            call.root = root
+            call.division = division
+            call.fuse = not inplace
+            return start_async(g, call, data_list)
         cdef Status status
         with nogil:
             status = deref(g.core).reduce(arrays.where, arrays.refs, root,
                                           division, not inplace)
         g.check(status)
 
-    def bcast(self, data, src, bint inplace=False, group="world"):
+    def bcast(self, data, src, bint inplace=False, group="world", *,
+              bint async_op=False):
         """Copies rank ``src``'s arrays into the other ranks' arrays.
 
         Args:
@@ -617,19 +646,32 @@ cdef class Communicator:
             src (int): Source rank, within the group.
             inplace (bool): Broadcast array by array, without packing.
             group (str): Name of a group.
+            async_op (bool): As :meth:`all_reduce`'s.
+
+        Returns:
+            :obj:`Pending` with ``async_op=True``; else None.
         """
         cdef _Group g = self._member(group)
         cdef int root = _root(src, "src", g, group)
         cdef list data_list = as_ndarray_list(data, "data")
         cdef Placed arrays = place(data_list, self._context, "data",
                                    None)
+        cdef GroupCall call
+        if async_op:
+            call.kind = CallKind.kBcast
+            call.where = arrays.where
+            call.arrays = arrays.refs
+            call.root = root
+            call.fuse = not inplace
+            return start_async(g, call, data_list)
         cdef Status status
         with nogil:
             status = deref(g.core).bcast(arrays.where, arrays.refs, root,
                                          not inplace)
         g.check(status)
 
-    def all_gather(self, ndarray, ndarray_list=None, group="world"):
+    def all_gather(self, ndarray, ndarray_list=None, group="world", *,
+                   bint async_op=False):
         """Gathers every rank's ``ndarray`` into every rank: nnabla's
         all_gather, and Horovod's allgather, where the ranks' arrays may
         differ in size.
@@ -652,11 +694,14 @@ cdef class Communicator:
                 equal (Horovod's allgather). The arrays take ``ndarray``'s
                 dtype.
             group (str): Name of a group.
+            async_op (bool): As :meth:`all_reduce`'s; where every rank's
+                ``ndarray`` has one size and ``ndarray_list`` is given.
 
         Returns:
             With ``ndarray_list=None``, the new array: an :obj:`NdArray` in
             the communicator's context, or, for a GPU array, a CuPy array on
-            its device. Otherwise None.
+            its device. With ``async_op=True``, a :obj:`Pending`. Otherwise
+            None.
 
         Example:
 
@@ -669,6 +714,11 @@ cdef class Communicator:
         cdef _Group g = self._member(group)
         if not _gathers_blocks_of_one_size(ndarray, ndarray_list,
                                            len(g.ranks)):
+            if async_op:
+                raise ValueError(
+                    "all_gather(async_op=True) gathers blocks of one size "
+                    "into a given ndarray_list (one array per group rank of "
+                    "ndarray's size, or one of them all)")
             return self._all_gatherv(g, ndarray, ndarray_list, group)
         _check_one(ndarray)
         cdef Placed send = place([ndarray], self._context, "ndarray",
@@ -679,6 +729,13 @@ cdef class Communicator:
         cdef Placed recv = place(recv_list, self._context,
                                  "ndarray_list", send.dtypes[0])
         check_same_place(send, recv, "ndarray and ndarray_list")
+        cdef GroupCall call
+        if async_op:
+            call.kind = CallKind.kAllGather
+            call.where = send.where
+            call.one = send.refs[0]
+            call.arrays = recv.refs
+            return start_async(g, call, (ndarray, recv_list))
         cdef Status status
         with nogil:
             status = deref(g.core).all_gather(send.where, send.refs[0],
@@ -807,7 +864,7 @@ cdef class Communicator:
         return recv, received
 
     def reduce_scatter(self, ndarray_list, ndarray, bint division=False,
-                       group="world"):
+                       group="world", *, bint async_op=False):
         """Sums the r-th arrays of every rank into rank r's ``ndarray``.
 
         Args:
@@ -819,6 +876,10 @@ cdef class Communicator:
                 the dtype of ``ndarray_list``.
             division (bool): Average over the group instead of summing.
             group (str): Name of a group.
+            async_op (bool): As :meth:`all_reduce`'s.
+
+        Returns:
+            :obj:`Pending` with ``async_op=True``; else None.
         """
         cdef _Group g = self._member(group)
         _check_one(ndarray)
@@ -837,6 +898,14 @@ cdef class Communicator:
         cdef Placed recv = place([ndarray], self._context, "ndarray",
                                  send.dtypes[0])
         check_same_place(send, recv, "ndarray and ndarray_list")
+        cdef GroupCall call
+        if async_op:
+            call.kind = CallKind.kReduceScatter
+            call.where = recv.where
+            call.arrays = send.refs
+            call.one = recv.refs[0]
+            call.division = division
+            return start_async(g, call, (send_list, ndarray))
         cdef Status status
         with nogil:
             status = deref(g.core).reduce_scatter(recv.where, send.refs,

@@ -6,6 +6,7 @@ cdef class _Group:
     rank is not a member."""
     cdef unique_ptr[Group] core
     cdef readonly list ranks
+    cdef unique_ptr[AsyncQueue] queue  # from its first async_op=True call
 
     def __cinit__(self, list ranks):
         self.ranks = ranks
@@ -20,6 +21,18 @@ cdef class _Group:
             warnings.warn(deref(self.core).take_advice().decode(),
                           RuntimeWarning, stacklevel=1)
         return CHKSTATUS(status)
+
+    cdef AsyncQueue* async_queue(self) except NULL:
+        """The queue of the group's nonblocking collectives, made at the
+        first (collective: every rank's first such call on the group is the
+        same call)."""
+        cdef Status status
+        if not self.queue:
+            with nogil:
+                status = AsyncQueue.Create(deref(self.core), engine_poll_us(),
+                                           &self.queue)
+            CHKSTATUS(status)
+        return self.queue.get()
 
     cdef bint same_everywhere(self, uint64_t value, const char *what) \
             except -1:

@@ -5,7 +5,7 @@
 from libc.stddef cimport size_t
 from libc.stdint cimport uint64_t, uintptr_t
 from libcpp cimport bool
-from libcpp.memory cimport unique_ptr
+from libcpp.memory cimport shared_ptr, unique_ptr
 from libcpp.string cimport string
 from libcpp.vector cimport vector
 from mpi4py.libmpi cimport MPI_Comm
@@ -194,6 +194,34 @@ cdef extern from "nncomm/collectives/group.hpp" namespace "nncomm" nogil:
         Status reduce_scatter(const Placement& where,
                               const vector[ArrayRef]& send,
                               const ArrayRef& recv, bool division)
+
+
+cdef extern from "nncomm/collectives/async_queue.hpp" namespace "nncomm" nogil:
+    enum class CallKind "nncomm::GroupCall::Kind"(int):
+        kAllReduce
+        kReduce
+        kBcast
+        kAllGather
+        kReduceScatter
+
+    cdef cppclass GroupCall:
+        CallKind kind
+        Placement where
+        vector[ArrayRef] arrays
+        ArrayRef one
+        int root
+        bool division
+        float scale
+        bool fuse
+
+    cdef cppclass PendingCall "nncomm::Pending":
+        bool done()
+        Status wait(bool interruptible)
+
+    cdef cppclass AsyncQueue:
+        @staticmethod
+        Status Create(Group& group, int poll_us, unique_ptr[AsyncQueue]* out)
+        shared_ptr[PendingCall] start(GroupCall call)
 
 
 cdef extern from "nncomm/observability/config.hpp" namespace "nncomm::config" nogil:

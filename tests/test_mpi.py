@@ -15,7 +15,7 @@ from launcher import RANK_COUNTS, run_job, run_worker
 from nncomm.timeline import is_complete, load, part_path
 
 WORKERS = ["basics", "all_reduce", "rooted", "gather_scatter", "zeroing",
-           "parameters", "errors", "alltoall_gatherv"]
+           "parameters", "errors", "alltoall_gatherv", "async_ops"]
 
 
 @pytest.mark.parametrize("n", RANK_COUNTS)

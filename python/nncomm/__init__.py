@@ -19,6 +19,7 @@ _LAZY = {
     "BlockMomentumSolver": "nncomm.block_momentum",
     "BucketHookError": "nncomm.errors",
     "GradBucket": "nncomm._nncomm",
+    "Pending": "nncomm._nncomm",
     "DeviceBuffer": "nncomm._nncomm",
     "CommunicatorError": "nncomm.errors",
     "DataParallelError": "nncomm.errors",

@@ -118,6 +118,13 @@ Status Group::duplicate_transport(std::unique_ptr<MpiTransport> *out) {
   return transport_->Duplicate(out);
 }
 
+Status Group::duplicate(std::unique_ptr<Group> *out) {
+  std::unique_ptr<MpiTransport> own;
+  NNCOMM_RETURN_IF_ERROR(duplicate_transport(&own));
+  out->reset(new Group(std::move(own), name_));
+  return Status::Ok();
+}
+
 Status Group::create_engine(const Placement &where,
                             const std::vector<ArrayRef> &gradients,
                             size_t num_tensors, int poll_us,

@@ -19,6 +19,7 @@ namespace {
 std::atomic<int (*)()> interrupt_check{nullptr};
 
 thread_local const OperationLabel *operation_label = nullptr;
+thread_local const Polling *thread_polling = nullptr;
 
 // Tests made back to back before a wait first looks at the clock: about
 // 5 µs on a 2-rank shared-memory job.
@@ -71,8 +72,17 @@ std::string OperationLabel::current() {
   return text;
 }
 
+PollingScope::PollingScope(const Polling *polling)
+    : previous_(thread_polling) {
+  thread_polling = polling;
+}
+
+PollingScope::~PollingScope() { thread_polling = previous_; }
+
 Status wait_for(Work &work, bool warn, const Polling *polling) {
   using clock = std::chrono::steady_clock;
+  if (polling == nullptr)
+    polling = thread_polling;
   // Most operations of a healthy job complete within a few tests: those
   // are made back to back, before any clock read or yield.
   for (int spin = 0; spin < kSpinTests; ++spin) {

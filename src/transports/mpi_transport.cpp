@@ -852,10 +852,11 @@ Status MpiTransport::start_shadow(const ShadowOp &op,
   case Kind::kDuplicate:
     return Status::InvalidArgument(
         "the ranks still training make a new communicator (a new callback "
-        "engine or GPU path) after world rank " +
+        "engine, GPU path or queue of async_op=True calls) after world "
+        "rank " +
         std::to_string(world_ranks()[rank_]) +
-        " left comm.join(); make callbacks before the data ends, so that "
-        "every rank has them");
+        " left comm.join(); make callbacks, and a group's first async_op "
+        "call, before the data ends, so that every rank has them");
   }
   return Status::InvalidArgument("an operation of the ranks still training "
                                  "is described inconsistently");

@@ -57,6 +57,11 @@ public:
                        size_t num_tensors, int poll_us,
                        std::unique_ptr<Engine> *out);
 
+  // A group of the same ranks and name over a transport of its own, whose
+  // collectives never interleave with this one's (a queue of nonblocking
+  // collectives, async_queue.hpp). Collective.
+  Status duplicate(std::unique_ptr<Group> *out);
+
   // Whether `arrays` are on the device the group communicates device
   // memory on (before its first device collective: on one device), asked
   // of this rank alone: ordered with another device's streams, the group

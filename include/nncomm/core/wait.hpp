@@ -40,8 +40,23 @@ struct Polling {
 };
 
 // Waits until `work` completes. `warn`: this rank prints stall warnings
-// (one rank of the group does).
+// (one rank of the group does). Without a `polling`, as the thread's
+// PollingScope says, if any.
 Status wait_for(Work &work, bool warn, const Polling *polling);
+
+// For its scope, the waits of this thread that pass no Polling wait as
+// `polling` says: a background thread making a group's collectives, which
+// name none (async_queue.hpp).
+class PollingScope {
+public:
+  explicit PollingScope(const Polling *polling);
+  ~PollingScope();
+  PollingScope(const PollingScope &) = delete;
+  PollingScope &operator=(const PollingScope &) = delete;
+
+private:
+  const Polling *previous_;
+};
 
 // Names the operation under way on this thread in stall reports and
 // timeout messages, for its scope: a printf format with up to two integers

@@ -1,0 +1,109 @@
+#include "nncomm/collectives/async_queue.hpp"
+
+#include <chrono>
+
+#include "nncomm/core/wait.hpp"
+
+namespace nncomm {
+
+Status GroupCall::run(Group &group) {
+  switch (kind) {
+  case Kind::kAllReduce:
+    // Arrays were made to hold memory when the call was started: nothing
+    // is left zeroing for this thread to write.
+    return group.all_reduce(where, arrays, division, scale, fuse,
+                            Materializer{});
+  case Kind::kReduce:
+    return group.reduce(where, arrays, root, division, fuse);
+  case Kind::kBcast:
+    return group.bcast(where, arrays, root, fuse);
+  case Kind::kAllGather:
+    return group.all_gather(where, one, arrays);
+  case Kind::kReduceScatter:
+    return group.reduce_scatter(where, arrays, one, division);
+  }
+  return Status::InvalidArgument("an unknown kind of collective");
+}
+
+bool Pending::done() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_;
+}
+
+Status Pending::wait(bool interruptible) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!done_) {
+    *hurry_ = true;
+    if (ran_.wait_for(lock, std::chrono::milliseconds(100),
+                      [this] { return done_; }))
+      break;
+    if (interruptible) {
+      lock.unlock();
+      const bool stop = interrupted();
+      lock.lock();
+      if (stop && !done_)
+        return Status::Interrupted();
+    }
+  }
+  return status_;
+}
+
+Status AsyncQueue::Create(Group &group, int poll_us,
+                          std::unique_ptr<AsyncQueue> *out) {
+  std::unique_ptr<Group> own;
+  NNCOMM_RETURN_IF_ERROR(group.duplicate(&own));
+  out->reset(new AsyncQueue(std::move(own), poll_us));
+  return Status::Ok();
+}
+
+AsyncQueue::AsyncQueue(std::unique_ptr<Group> group, int poll_us)
+    : group_(std::move(group)),
+      hurry_(std::make_shared<std::atomic<bool>>(false)),
+      polling_{poll_us, hurry_.get(), &cancel_} {
+  thread_ = std::thread([this] { serve(); });
+}
+
+AsyncQueue::~AsyncQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cancel_ = true;
+  changed_.notify_all();
+  thread_.join();
+}
+
+std::shared_ptr<Pending> AsyncQueue::start(GroupCall call) {
+  std::shared_ptr<Pending> pending(new Pending(std::move(call), hurry_));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(pending);
+  }
+  changed_.notify_all();
+  return pending;
+}
+
+void AsyncQueue::serve() {
+  PollingScope scope(&polling_);
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (stop_)
+      return;
+    std::shared_ptr<Pending> next = queue_.front();
+    lock.unlock();
+    const Status status = next->call_.run(*group_);
+    {
+      std::lock_guard<std::mutex> done(next->mutex_);
+      next->done_ = true;
+      next->status_ = status;
+    }
+    next->ran_.notify_all();
+    lock.lock();
+    queue_.pop_front();
+    if (queue_.empty())
+      *hurry_ = false; // nobody waits for a collective of this queue
+  }
+}
+
+} // namespace nncomm
