@@ -213,6 +213,7 @@ cdef extern from "nncomm/collectives/async_queue.hpp" namespace "nncomm" nogil:
         bool division
         float scale
         bool fuse
+        const char* site
 
     cdef cppclass PendingCall "nncomm::Pending":
         bool done()

@@ -71,6 +71,7 @@ cdef Pending start_async(_Group g, GroupCall call, keep):
     cdef Pending pending = Pending.__new__(Pending)
     pending.group = g
     pending.keep = keep
+    call.site = _call_site()
     pending.core = queue.start(call)
     end_call_site()
     return pending

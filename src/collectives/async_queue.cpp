@@ -3,10 +3,16 @@
 #include <chrono>
 
 #include "nncomm/core/wait.hpp"
+#include "nncomm/observability/flight_recorder.hpp"
 
 namespace nncomm {
 
 Status GroupCall::run(Group &group) {
+  // Its records name the line that started it, as a blocking call's do.
+  FlightRecorder::set_call_site(site);
+  struct Unset {
+    ~Unset() { FlightRecorder::set_call_site(nullptr); }
+  } unset;
   switch (kind) {
   case Kind::kAllReduce:
     // Arrays were made to hold memory when the call was started: nothing

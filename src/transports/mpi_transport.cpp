@@ -373,10 +373,19 @@ Status MpiTransport::Create(MPI_Comm comm, std::unique_ptr<MpiTransport> *out) {
 Status MpiTransport::Duplicate(std::unique_ptr<MpiTransport> *out) {
   NNCOMM_RETURN_IF_ERROR(begin(described(ShadowOp::Kind::kDuplicate,
                                          "duplicate", 0, DType::kInt64)));
-  return Create(comm_,
-                Fingerprint().add(id_).add("duplicate").add(duplicates_++)
-                    .value(),
-                out);
+  const uint64_t seq = at_.seq;
+  const Status status = Create(
+      comm_, Fingerprint().add(id_).add("duplicate").add(duplicates_++)
+                 .value(),
+      out);
+  // The new communicator's own record holds the creation's steps; this
+  // one's says how it ended, or a flight record would show every rank
+  // still in it.
+  if (status.ok())
+    flight_.completed(seq);
+  else
+    flight_.failed(seq);
+  return status;
 }
 
 Status MpiTransport::Create(MPI_Comm comm, uint64_t id,

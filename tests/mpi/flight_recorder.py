@@ -4,9 +4,11 @@ Run by tests/test_mpi.py as ``flight_recorder.py MODE`` with
 NNCOMM_FLIGHT_RECORDER_DIR set; every rank makes the same all_reduces
 except where MODE says:
 
-- request: no rank misbehaves; each writes its record on request
-  (dump_flight_record), then on SIGUSR1, and checks both files (with
-  NNCOMM_FLIGHT_RECORDER=0, that dump_flight_record writes nothing).
+- request: no rank misbehaves (one all_reduce is nonblocking: the
+  world's duplicate for its queue is complete, its record names its line);
+  each writes its record on request (dump_flight_record), then on SIGUSR1,
+  and checks both files (with NNCOMM_FLIGHT_RECORDER=0, that
+  dump_flight_record writes nothing).
 - skip: world rank 1 skips the second of three all_reduces, then all
   ranks make an all_reduce of another size: rank 1's comes where the
   others' second one is (found from the stall reports within seconds).
@@ -57,6 +59,11 @@ def steps(comm):
     comm.all_reduce(nd(np.ones(7, np.float32)))
 
 
+def started(comm):
+    """An all_reduce started with async_op=True, then waited for."""
+    comm.all_reduce(nd(np.ones(3, np.float32)), async_op=True).wait()
+
+
 def wait_for_file(path, seconds=10.0):
     deadline = time.monotonic() + seconds
     while not os.path.exists(path) and time.monotonic() < deadline:
@@ -104,6 +111,17 @@ def check_requested(comm, ck):
                 and r["site"].endswith(" in steps"), "its Python line",
                 r["site"])
         ck.true(r["ended"] >= r["enqueued"] > 0, "its times", str(r))
+    duplicates = [r for g in world for r in g["records"]
+                  if r["op"] == "duplicate"]
+    ck.true(duplicates and all(r["state"] == "completed"
+                               for r in duplicates),
+            "the world's duplicate for the queue: completed", str(duplicates))
+    queued = [r for g in dump["groups"] for r in g["records"]
+              if g["world_ranks"] == list(range(comm.size))
+              and g["channel"] != 0 and r["op"] == "allreduce"]
+    ck.true(queued and all(r["site"].endswith(" in started")
+                           and r["state"] == "completed" for r in queued),
+            "the nonblocking all_reduce, at its line", str(queued))
     os.kill(os.getpid(), signal.SIGUSR1)
     mine = os.path.join(DIRECTORY, f"nncomm-flight-{comm.rank}.json")
     ck.true(wait_for_file(mine), "the record SIGUSR1 writes", mine)
@@ -117,6 +135,7 @@ def main():
     comm, _ = make_comm()
     if MODE == "request":
         steps(comm)
+        started(comm)
         check_requested(comm, ck)
         MPI.COMM_WORLD.Barrier()
         ck.finish()

@@ -264,6 +264,28 @@ def collectives(xp, new_arrays):
     comm.reduce_scatter(blocks, out)
     check(np.array_equal(xp.asnumpy(out), sum(e[1] for e in everyone)),
           "reduce_scatter")
+    # async_op=True: the same on the group's queue, all started before any
+    # is waited for, and waited for in reverse order.
+    arrays = [xp.asarray(x) for x in mine]
+    copied = xp.asarray(mine[0])
+    recv = [xp.zeros_like(send) for _ in range(SIZE)]
+    out = xp.zeros_like(blocks[0])
+    pending = [comm.all_reduce(arrays, async_op=True),
+               comm.bcast(copied, SIZE - 1, async_op=True),
+               comm.all_gather(send, recv, async_op=True),
+               comm.reduce_scatter(blocks, out, async_op=True)]
+    for p in reversed(pending):
+        p.wait()
+    for k, x in enumerate(arrays):
+        check(np.array_equal(xp.asnumpy(x), sum(e[k] for e in everyone)),
+              f"all_reduce async_op [{k}]")
+    check(np.array_equal(xp.asnumpy(copied), everyone[SIZE - 1][0]),
+          "bcast async_op")
+    for r in range(SIZE):
+        check(np.array_equal(xp.asnumpy(recv[r]), everyone[r][1]),
+              f"all_gather async_op [{r}]")
+    check(np.array_equal(xp.asnumpy(out), sum(e[1] for e in everyone)),
+          "reduce_scatter async_op")
 
     # Horovod's alltoall: rank q sends rank r q + r + 1 rows of 3, into a
     # new CuPy array and into a given one.

@@ -42,6 +42,8 @@ struct GroupCall {
   bool division = false;
   float scale = 1.0f;
   bool fuse = true;
+  // The caller's line, for the flight recorder (set_call_site), or null.
+  const char *site = nullptr;
 
   Status run(Group &group);
 };
