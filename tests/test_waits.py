@@ -175,7 +175,7 @@ def test_a_rank_killed_during_backward_ends_the_job(cleanup):
 
 
 @pytest.mark.parametrize("case", ("all_reduce", "large", "sampled",
-                                  "callback"))
+                                  "skipped", "callback"))
 def test_ranks_in_different_calls_find_out(case):
     token = f"mismatch-{uuid.uuid4().hex}"
     code, out, err, seconds = run_job(

@@ -17,7 +17,8 @@ Rank = collections.namedtuple("Rank", ["host", "device", "collectives"])
 Rank.__doc__ = """What one rank recorded: its engine iterations on the host
 (:obj:`Host`) and on the device (:obj:`Device`), each None where there was
 none, and ``collectives``, per collective's name (``all_reduce``, ...) a
-pair: how many calls, and their time summed (microseconds)."""
+pair: how many calls, and their time summed (microseconds), those started
+with ``async_op=True`` included."""
 
 Host = collections.namedtuple("Host", ["iterations", "backward",
                                        "wait_engine"])
@@ -149,7 +150,7 @@ def summarize(events):
             backward[e["pid"]][e["name"]].append(e["dur"])
         elif e.get("cat") == "device":
             device[e["pid"]].append(e)
-        elif e.get("cat") == "collectives":
+        elif e.get("cat") in ("collectives", "async"):
             calls, time = collectives[e["pid"]].get(e["name"], (0, 0))
             collectives[e["pid"]][e["name"]] = (calls + 1, time + e["dur"])
     out = {}

@@ -57,7 +57,7 @@ Status Pending::wait(bool interruptible) {
 Status AsyncQueue::Create(Group &group, int poll_us,
                           std::unique_ptr<AsyncQueue> *out) {
   std::unique_ptr<Group> own;
-  NNCOMM_RETURN_IF_ERROR(group.duplicate(&own));
+  NNCOMM_RETURN_IF_ERROR(group.duplicate(Track::kAsync, &own));
   out->reset(new AsyncQueue(std::move(own), poll_us));
   return Status::Ok();
 }

@@ -118,10 +118,10 @@ Status Group::duplicate_transport(std::unique_ptr<MpiTransport> *out) {
   return transport_->Duplicate(out);
 }
 
-Status Group::duplicate(std::unique_ptr<Group> *out) {
+Status Group::duplicate(Track track, std::unique_ptr<Group> *out) {
   std::unique_ptr<MpiTransport> own;
   NNCOMM_RETURN_IF_ERROR(duplicate_transport(&own));
-  out->reset(new Group(std::move(own), name_));
+  out->reset(new Group(std::move(own), name_, track));
   return Status::Ok();
 }
 
@@ -190,14 +190,14 @@ Status Group::run(const Placement &where, const char *op, const Sent &sent,
                   const Body &collective) {
   if (!where.on_device) {
     NNCOMM_IN_TURN();
-    CollectiveSpan traced(op, name_, sent);
+    CollectiveSpan traced(track_, op, name_, sent);
     return collective(*transport_, memory_);
   }
   DevicePath *path = nullptr;
   NNCOMM_RETURN_IF_ERROR(device_path(arrays, &path));
   return path->run(where.stream, arrays,
                    [&](Transport &t, ArrayMemory &m) {
-    CollectiveSpan traced(op, name_, sent);
+    CollectiveSpan traced(track_, op, name_, sent);
     return collective(t, m);
   });
 }

@@ -297,9 +297,10 @@ Status gather_through_buffer(ArrayMemory &memory, const Blocks &blocks,
 
 } // namespace
 
-CollectiveSpan::CollectiveSpan(const char *name, const std::string &group,
+CollectiveSpan::CollectiveSpan(Track track, const char *name,
+                               const std::string &group,
                                const ArrayRef *sent, size_t count)
-    : span_(Track::kCollectives, name, count > 0) {
+    : span_(track, name, count > 0) {
   if (!span_.on())
     return;
   TimelineArgs &args = span_.args();

@@ -1,5 +1,7 @@
 #include "nncomm/observability/stall_inspector.hpp"
 
+#include <algorithm>
+
 namespace nncomm {
 
 namespace {
@@ -37,12 +39,24 @@ void StallInspector::arrived(const Position &at) {
       ++it;
     }
   }
+  // Where this rank is, then where it was before.
+  uint64_t message[3 * kHistory] = {at.seq, at.fingerprint, at.phase};
+  int words = 3;
+  for (uint64_t back = 1; back < kHistory && back < at.seq; ++back) {
+    const Position *was = mine(at.seq - back, at);
+    if (was == nullptr)
+      break;
+    message[words++] = was->seq;
+    message[words++] = was->fingerprint;
+    message[words++] = was->phase;
+  }
   for (int r = 0; r < static_cast<int>(world_ranks_.size()); ++r) {
     if (r == rank_)
       continue;
-    Send *s = new Send{MPI_REQUEST_NULL, {at.seq, at.fingerprint, at.phase}};
+    Send *s = new Send{MPI_REQUEST_NULL, {}};
+    std::copy(message, message + words, s->message);
     // A failed send (a dead rank) only means that rank hears nothing.
-    if (MPI_Isend(s->message, 3, MPI_UINT64_T, r, kArrivalTag, comm_,
+    if (MPI_Isend(s->message, words, MPI_UINT64_T, r, kArrivalTag, comm_,
                   &s->request) == MPI_SUCCESS) {
       sends_.push_back(s);
     } else {
@@ -51,27 +65,41 @@ void StallInspector::arrived(const Position &at) {
   }
 }
 
+const StallInspector::Position *
+StallInspector::mine(uint64_t seq, const Position &at) const {
+  if (seq == at.seq)
+    return &at;
+  const Position &was = history_[seq % kHistory];
+  return seq < at.seq && was.seq == seq ? &was : nullptr;
+}
+
 void StallInspector::collect(uint64_t seq) {
+  // Reports of operations this rank went through are kept while it still
+  // knows what it did there.
+  const uint64_t oldest = seq >= kHistory ? seq - kHistory + 1 : 0;
   for (;;) {
-    int pending = 0;
+    int pending = 0, words = 0;
     MPI_Status status;
     if (MPI_Iprobe(MPI_ANY_SOURCE, kArrivalTag, comm_, &pending, &status) !=
             MPI_SUCCESS ||
-        !pending)
+        !pending ||
+        MPI_Get_count(&status, MPI_UINT64_T, &words) != MPI_SUCCESS)
       break;
-    uint64_t message[3] = {0, 0, 0};
-    if (MPI_Recv(message, 3, MPI_UINT64_T, status.MPI_SOURCE, kArrivalTag,
-                 comm_, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+    uint64_t message[3 * kHistory] = {};
+    if (words < 0 || words > 3 * kHistory ||
+        MPI_Recv(message, words, MPI_UINT64_T, status.MPI_SOURCE,
+                 kArrivalTag, comm_, MPI_STATUS_IGNORE) != MPI_SUCCESS)
       break;
-    // A rank may already be at a later operation than this one.
-    if (message[0] >= seq) {
-      auto &reports = arrived_[message[0]];
+    for (int w = 0; w + 2 < words; w += 3) {
+      if (message[w] < oldest)
+        continue;
+      auto &reports = arrived_[message[w]];
       reports.resize(world_ranks_.size());
-      reports[status.MPI_SOURCE] = {true,
-                                    {message[0], message[1], message[2]}};
+      reports[status.MPI_SOURCE] = {
+          true, {message[w], message[w + 1], message[w + 2]}};
     }
   }
-  arrived_.erase(arrived_.begin(), arrived_.lower_bound(seq));
+  arrived_.erase(arrived_.begin(), arrived_.lower_bound(oldest));
 }
 
 std::vector<int> StallInspector::missing(const Position &at) {
@@ -89,17 +117,24 @@ std::vector<int> StallInspector::missing(const Position &at) {
 
 std::vector<int> StallInspector::differing(const Position &at) {
   collect(at.seq);
-  std::vector<int> out;
-  const auto found = arrived_.find(at.seq);
-  if (found == arrived_.end())
-    return out;
-  for (int r = 0; r < static_cast<int>(world_ranks_.size()); ++r) {
-    const Report &report = found->second[r];
-    if (r == rank_ || !report.arrived)
+  std::vector<bool> differs(world_ranks_.size(), false);
+  for (const auto &reported : arrived_) {
+    const Position *here = mine(reported.first, at);
+    if (here == nullptr)
       continue;
-    const bool both_checking = report.at.phase == 1 && at.phase == 1;
-    if (!both_checking && (report.at.fingerprint != at.fingerprint ||
-                           report.at.phase != at.phase))
+    for (int r = 0; r < static_cast<int>(world_ranks_.size()); ++r) {
+      const Report &report = reported.second[r];
+      if (r == rank_ || !report.arrived)
+        continue;
+      const bool both_checking = report.at.phase == 1 && here->phase == 1;
+      if (!both_checking && (report.at.fingerprint != here->fingerprint ||
+                             report.at.phase != here->phase))
+        differs[r] = true;
+    }
+  }
+  std::vector<int> out;
+  for (int r = 0; r < static_cast<int>(world_ranks_.size()); ++r) {
+    if (differs[r])
       out.push_back(world_ranks_[r]);
   }
   return out;

@@ -28,7 +28,7 @@ struct Event {
 
 constexpr Track kTracks[] = {Track::kBackward, Track::kGradients,
                              Track::kEngine, Track::kCollectives,
-                             Track::kStalls, Track::kDevice};
+                             Track::kStalls, Track::kDevice, Track::kAsync};
 
 const char *track_name(Track track) {
   switch (track) {
@@ -38,6 +38,7 @@ const char *track_name(Track track) {
   case Track::kCollectives: return "collectives";
   case Track::kStalls: return "stalls";
   case Track::kDevice: return "device";
+  case Track::kAsync: return "async";
   }
   return "unknown";
 }

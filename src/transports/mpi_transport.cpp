@@ -319,6 +319,8 @@ Status MpiTransport::begin(const ShadowOp &op) {
   ++at_.seq;
   at_.fingerprint = op.fingerprint;
   at_.phase = op.phase;
+  if (inspector_)
+    inspector_->began(at_);
   flight_.enqueue(at_.seq,
                   {op.name, op.count, op.dt, op.root, op.fingerprint},
                   op.phase);

@@ -1,6 +1,7 @@
 """The timeline: a small MLP trained with all_reduce_callback (buckets of 20
 elements: several; the callback reused, then one with priority="forward",
-its plan sorted), then list collectives on the world and on a group, and
+its plan sorted), then list collectives on the world and on a group (and
+one nonblocking, on the async track), and
 with NNCOMM_STALL_WARNING=1 a collective that ranks other than 0 reach 3 s
 late. The file is read back with json and checked: the trace format (every
 event has ph, ts, pid, tid and name; complete events a duration >= 0; the
@@ -45,7 +46,7 @@ PRIORITY_ITERATIONS = 2  # priority="forward": its own plan
 GRADIENTS = 6            # the MLP's weights and biases
 GROUP = "reversed"
 TRACKS = {1: "backward", 2: "gradients", 3: "engine", 4: "collectives",
-          5: "stalls", 6: "device"}
+          5: "stalls", 6: "device", 7: "async"}
 # The engine's events follow one another; their times are printed to
 # 1 ns.
 ROUNDING = 0.002
@@ -95,6 +96,7 @@ def communicate(comm, stall):
                         nd(np.zeros(3, f32)))
     comm.alltoall(nd(np.ones((n, 2), f32)))
     comm.all_gather(nd(np.ones((r + 1, 2), f32)))
+    comm.all_reduce(nd(np.ones(6, f32)), async_op=True).wait()
     if stall:
         if r != 0:
             time.sleep(3)
@@ -117,6 +119,10 @@ def expected_collectives(n, r, stall):
     if stall:
         calls.append(("all_reduce", 4, "float32", "world"))
     return calls
+
+
+# What the queue of async_op=True calls records, on its own track.
+ASYNC = [("all_reduce", 24, "float32", "world")]
 
 
 def check_format(ck, events, n):
@@ -230,6 +236,10 @@ def check_collectives(ck, pid, mine, n, stall):
             f"dtype and group", f"{expected} not in {recorded}")
     ck.true(all(e["ph"] == "X" for e in mine if e["cat"] == "collectives"),
             f"rank {pid}: collectives are complete events")
+    started = [(e["name"], e["args"].get("bytes"), e["args"].get("dtype"),
+                e["args"].get("group")) for e in mine
+               if e.get("cat") == "async" and e["ph"] == "X"]
+    ck.equal(started, ASYNC, f"rank {pid}: the nonblocking all_reduce")
     stalls = [e["args"]["message"] for e in mine if e["cat"] == "stalls"]
     if stall and pid == 0:
         ck.true(any("all_reduce of 1 arrays" in m and "waiting for world "

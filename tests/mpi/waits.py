@@ -42,7 +42,10 @@ reduce, all_gather, communicator, new_group, timeline) as MODE says, the other r
   all_reduces of 4 elements in place and not, the last rank makes the one
   in place while the others make the other (the same MPI call), then every
   rank the one not in place, up to 5000 times: about one call in 128 is
-  compared again. OP 'callback': after a callback backward everywhere, the
+  compared again. OP 'skipped': the last rank skips one of two all_reduces
+  made at every step, each compared at the first step: the rank left
+  waiting and the ranks gone ahead learn it from the calls the others'
+  reports say they made before. OP 'callback': after a callback backward everywhere, the
   last rank makes a plain backward and an all_reduce of the gradients while
   the others make the callback backward again (whose plan, reused, is
   agreed on the group's communicator, where the all_reduce meets it).
@@ -123,6 +126,18 @@ def run_op(comm, late):
         comm.all_reduce(x, inplace=late)
         for _ in range(5000):
             comm.all_reduce(x, inplace=False)
+        return None
+    if MODE == "mismatch" and OP == "skipped":
+        # Two lists reduced at every step (a GAN's two networks); at the
+        # second the last rank skips the first (a branch one rank takes):
+        # every call has been compared before, and the ranks' calls pair
+        # one apart from then on, until a pair cannot complete.
+        first = [nd(np.ones(k, np.float32)) for k in (1000, 10)]
+        second = [nd(np.ones(k, np.float32)) for k in (5, 7, 3)]
+        for step in range(4):
+            if not (late and step == 1):
+                comm.all_reduce(first)
+            comm.all_reduce(second)
         return None
     if MODE == "mismatch" and OP == "callback":
         x, t, loss, _, params = three_layer_mlp(41)

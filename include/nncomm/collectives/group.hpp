@@ -59,8 +59,8 @@ public:
 
   // A group of the same ranks and name over a transport of its own, whose
   // collectives never interleave with this one's (a queue of nonblocking
-  // collectives, async_queue.hpp). Collective.
-  Status duplicate(std::unique_ptr<Group> *out);
+  // collectives, async_queue.hpp), on the timeline's `track`. Collective.
+  Status duplicate(Track track, std::unique_ptr<Group> *out);
 
   // Whether `arrays` are on the device the group communicates device
   // memory on (before its first device collective: on one device), asked
@@ -119,8 +119,10 @@ public:
                         const ArrayRef &recv, bool division);
 
 private:
-  Group(std::unique_ptr<MpiTransport> transport, std::string name)
-      : transport_(std::move(transport)), name_(std::move(name)) {}
+  Group(std::unique_ptr<MpiTransport> transport, std::string name,
+        Track track = Track::kCollectives)
+      : transport_(std::move(transport)), name_(std::move(name)),
+        track_(track) {}
 
   // A transport of its own over this group's ranks, for an engine thread
   // or the device path, whose collectives must not interleave with the
@@ -137,6 +139,7 @@ private:
 
   const std::unique_ptr<MpiTransport> transport_;
   const std::string name_;
+  const Track track_; // where its collectives go on the timeline
   HostArrays memory_;
   CollectiveQueue queue_;
 

@@ -49,22 +49,23 @@ struct Materializer {
   void *context;
 };
 
-// A list collective on the timeline's collectives track (timeline.hpp),
-// over its scope: named `name`, with the bytes this rank sends in `sent`,
-// their dtype ("mixed" where they differ) and its group's name. A call on
-// no arrays (the callback's closing all_reduce of the gradients backward
-// did not reach, usually none) is left off.
+// A list collective on the timeline's `track` (timeline.hpp: the
+// collectives, or the nonblocking ones' async track), over its scope: named
+// `name`, with the bytes this rank sends in `sent`, their dtype ("mixed"
+// where they differ) and its group's name. A call on no arrays (the
+// callback's closing all_reduce of the gradients backward did not reach,
+// usually none) is left off.
 class CollectiveSpan {
 public:
-  CollectiveSpan(const char *name, const std::string &group,
+  CollectiveSpan(Track track, const char *name, const std::string &group,
                  const std::vector<ArrayRef> &sent)
-      : CollectiveSpan(name, group, sent.data(), sent.size()) {}
-  CollectiveSpan(const char *name, const std::string &group,
+      : CollectiveSpan(track, name, group, sent.data(), sent.size()) {}
+  CollectiveSpan(Track track, const char *name, const std::string &group,
                  const ArrayRef &sent)
-      : CollectiveSpan(name, group, &sent, 1) {}
+      : CollectiveSpan(track, name, group, &sent, 1) {}
 
 private:
-  CollectiveSpan(const char *name, const std::string &group,
+  CollectiveSpan(Track track, const char *name, const std::string &group,
                  const ArrayRef *sent, size_t count);
   TimelineSpan span_;
 };

@@ -6,9 +6,14 @@
 // every other rank of the communicator so, once, in a point-to-point message
 // on the communicator itself (point-to-point traffic never matches a
 // collective's), with the operation's fingerprint and phase (the operation
-// itself, or the check that precedes a call). Waiting ranks collect these
+// itself, or the check that precedes a call), and those of the operations
+// it began before, up to kHistory in all. Waiting ranks collect these
 // reports: a rank that sent none for `seq` has not arrived there; one at
-// `seq` with another fingerprint or phase makes a different call. A wait
+// `seq`, or that went through `seq` or an operation this rank went through,
+// with another fingerprint or phase makes different calls. So a rank that
+// skipped a call, whose next calls then pair with the others' one apart
+// (and complete, where the sizes allow, until a pair cannot), is found on
+// both sides: by the rank left waiting, and by the one gone ahead. A wait
 // that completes quickly sends nothing, so healthy training pays nothing.
 #pragma once
 
@@ -23,6 +28,7 @@ namespace nncomm {
 class StallInspector {
 public:
   static constexpr double kArrivalReportSeconds = 1.0;
+  static constexpr int kHistory = 16;
 
   // `world_ranks[r]`: the world rank of rank r of `comm`.
   StallInspector(MPI_Comm comm, int rank, std::vector<int> world_ranks)
@@ -38,13 +44,16 @@ public:
     uint64_t phase = 0; // 0: the operation; 1: the check of a call
   };
 
+  // This rank began the operation at `at` (kept for the reports).
+  void began(const Position &at) { history_[at.seq % kHistory] = at; }
   // This rank waits at `at`: tells the other ranks, once.
   void arrived(const Position &at);
   // The world ranks of the communicator that have not told this one they
   // are at operation `at.seq` (this rank excluded).
   std::vector<int> missing(const Position &at);
-  // The world ranks at operation `at.seq` doing something else than `at`
-  // (ranks both checking calls are left to the check itself).
+  // The world ranks at operation `at.seq`, or at one before it that both
+  // ranks began, doing something else there than this rank (ranks both
+  // checking calls are left to the check itself).
   std::vector<int> differing(const Position &at);
   const std::vector<int> &world_ranks() const { return world_ranks_; }
 
@@ -54,6 +63,8 @@ private:
     Position at;
   };
   void collect(uint64_t seq);
+  // This rank's position at operation `seq`, if it is still known.
+  const Position *mine(uint64_t seq, const Position &at) const;
 
   MPI_Comm comm_;
   int rank_;
@@ -61,9 +72,10 @@ private:
   uint64_t reported_ = UINT64_MAX; // the last seq this rank announced
   uint64_t reported_phase_ = 0;
   std::map<uint64_t, std::vector<Report>> arrived_; // seq -> per rank
+  Position history_[kHistory]; // by seq % kHistory
   struct Send {
     MPI_Request request;
-    uint64_t message[3]; // the message's buffer: a Position
+    uint64_t message[3 * kHistory]; // the message's buffer: Positions
   };
   std::vector<Send *> sends_;
 };

@@ -46,6 +46,7 @@ enum class Track : int {
   kCollectives = 4,
   kStalls = 5,
   kDevice = 6,
+  kAsync = 7, // the collectives of the queues of async_op=True calls
 };
 
 // What an event says in its "args" besides its name; fields left as they
