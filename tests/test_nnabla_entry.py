@@ -75,6 +75,8 @@ def test_nnabla_script_trains_data_parallel_under_nncomm_run(
     # nnabla's default extension, cudnn, is not installed here.
     assert (stderr.count("the communicator takes a CPU context") ==
             2 * (how == "create_default")), stderr
+    # nnabla, asked for a CPU communicator, warns of Open MPI's dlopen.
+    assert "libmpi.so" not in stderr, stderr
 
 
 def test_the_mpiexec_one_liner(one_rank, tmp_path):
@@ -162,7 +164,8 @@ def test_auto_keeps_nnabla_s_communicator_where_it_has_one():
         setattr(module, name, nnabla_factory)
     nnabla_entry.patch(module, "auto")
     patched = module.MultiProcessDataParallelCommunicator
-    assert patched("cuda") == ("nnabla's", "cuda")
+    cuda = types.SimpleNamespace(backend=["cudnn:float", "cpu:float"])
+    assert patched(cuda) == ("nnabla's", cuda)
     nnabla_entry.patch(module, "auto")
     assert all(getattr(module, name) is not nnabla_factory and
                getattr(module, name)._nncomm

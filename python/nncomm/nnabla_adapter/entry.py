@@ -90,11 +90,14 @@ def _factory(nnabla_factory, how):
 
     @functools.wraps(nnabla_factory)
     def factory(ctx):
-        if how == "auto":
+        # nnabla has communicators for CUDA contexts only; asked for a CPU
+        # one, it warns of Open MPI's dlopen issue on every rank, then
+        # fails.
+        if how == "auto" and not _cpu_only(ctx):
             try:
                 return nnabla_factory(ctx)
             except RuntimeError:
-                # "Any of [cpu:float] could not be found in []": nnabla
+                # "Any of [cudnn:float] could not be found in []": nnabla
                 # has no communicator for this context.
                 pass
         from nncomm.communicators import MultiProcessDataParallelCommunicator
@@ -102,6 +105,13 @@ def _factory(nnabla_factory, how):
 
     factory._nncomm = True
     return factory
+
+
+def _cpu_only(ctx):
+    """Whether every backend `ctx` names is the CPU's."""
+    backends = getattr(ctx, "backend", None) or []
+    return bool(backends) and all(str(b).startswith("cpu:")
+                                  for b in backends)
 
 
 def _create_communicator(util):
