@@ -2,6 +2,7 @@
 # distutils: language = c++
 """nncomm's compiled core: the communicator over MPI."""
 
+cimport cython
 from cpython.exc cimport PyErr_Fetch
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from cython.operator cimport dereference as deref

@@ -8,10 +8,21 @@ cdef object _joining = None  # the open Join, or None
 cdef _Group _joining_group = None  # the group it is over
 
 
+cdef int drain_async_queues() except -1:
+    """Waits until the collectives started with async_op=True have run:
+    the scope opens, is left and closes between collectives, on every
+    thread."""
+    cdef Status status
+    with nogil:
+        status = AsyncQueue.DrainAll()
+    return CHKSTATUS(status)
+
+
 cdef int open_join(_Group group, join) except -1:
     """Opens the scope of `join` over `group`. Collective."""
     global _joining, _joining_group
     cdef cpp_bool throw_early = join.throw_on_early_termination
+    drain_async_queues()
     cdef Status status
     with nogil:
         status = deref(group.core).open_join(throw_early)
@@ -27,6 +38,7 @@ cdef tuple leave_join(uint64_t steps):
     gone)."""
     cdef int last = 0
     cdef cpp_bool terminated = False
+    drain_async_queues()
     cdef Status status
     with nogil:
         status = Join.Leave(steps, &last, &terminated)
@@ -38,11 +50,15 @@ cdef int close_join(str why) except -1:
     """Ends the scope here; with `why`, first tells the other ranks that
     this one leaves it with an error."""
     global _joining, _joining_group
-    if why is not None:
-        Join.Abandon(why.encode())
-    Join.Close()
-    _joining = None
-    _joining_group = None
+    try:
+        if why is not None:
+            Join.Abandon(why.encode())
+        else:
+            drain_async_queues()
+    finally:
+        Join.Close()
+        _joining = None
+        _joining_group = None
     return 0
 
 

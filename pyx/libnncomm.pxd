@@ -223,6 +223,8 @@ cdef extern from "nncomm/collectives/async_queue.hpp" namespace "nncomm" nogil:
         @staticmethod
         Status Create(Group& group, int poll_us, unique_ptr[AsyncQueue]* out)
         shared_ptr[PendingCall] start(GroupCall call)
+        @staticmethod
+        Status DrainAll()
 
 
 cdef extern from "nncomm/observability/config.hpp" namespace "nncomm::config" nogil:

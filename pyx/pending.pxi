@@ -1,7 +1,12 @@
 # Nonblocking collectives (async_op=True): started on the group's queue
 # (src/collectives/async_queue.cpp), waited for through a Pending.
 
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 
+
+# Its group (and so the queue that runs its call) must outlive it: the
+# collector must not clear its attributes before __dealloc__.
+@cython.no_gc_clear
 cdef class Pending:
     """A collective started with ``async_op=True``, as Horovod's handles
     (``allreduce_async``, ``synchronize``) and PyTorch's ``Work``
@@ -20,7 +25,10 @@ cdef class Pending:
     """
     cdef shared_ptr[PendingCall] core
     cdef _Group group  # keeps the queue
-    cdef object keep  # the arrays, whose memory the call reads and writes
+    # The arrays, whose memory the call reads and writes: a reference of
+    # its own that the collector does not see, so that no cycle through
+    # them frees one before __dealloc__ has waited for the call.
+    cdef PyObject* kept
     cdef bint waited
 
     def is_completed(self):
@@ -56,6 +64,7 @@ cdef class Pending:
         # The call writes into the arrays this object keeps alive.
         with nogil:
             status = deref(self.core).wait(False)
+        Py_XDECREF(self.kept)
         if not status.ok() and not self.waited:
             warnings.warn(
                 f"a collective started with async_op=True failed, and "
@@ -70,7 +79,8 @@ cdef Pending start_async(_Group g, GroupCall call, keep):
     cdef AsyncQueue* queue = g.async_queue()
     cdef Pending pending = Pending.__new__(Pending)
     pending.group = g
-    pending.keep = keep
+    Py_INCREF(keep)
+    pending.kept = <PyObject*>keep
     call.site = _call_site()
     pending.core = queue.start(call)
     end_call_site()

@@ -1,11 +1,21 @@
 #include "nncomm/collectives/async_queue.hpp"
 
 #include <chrono>
+#include <set>
 
 #include "nncomm/core/wait.hpp"
 #include "nncomm/observability/flight_recorder.hpp"
 
 namespace nncomm {
+
+namespace {
+// Every queue of the process, for DrainAll.
+std::mutex queues_mutex;
+std::set<AsyncQueue *> &queues() {
+  static std::set<AsyncQueue *> all;
+  return all;
+}
+} // namespace
 
 Status GroupCall::run(Group &group) {
   // Its records name the line that started it, as a blocking call's do.
@@ -67,9 +77,15 @@ AsyncQueue::AsyncQueue(std::unique_ptr<Group> group, int poll_us)
       hurry_(std::make_shared<std::atomic<bool>>(false)),
       polling_{poll_us, hurry_.get(), &cancel_} {
   thread_ = std::thread([this] { serve(); });
+  std::lock_guard<std::mutex> lock(queues_mutex);
+  queues().insert(this);
 }
 
 AsyncQueue::~AsyncQueue() {
+  {
+    std::lock_guard<std::mutex> lock(queues_mutex);
+    queues().erase(this);
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
@@ -94,8 +110,20 @@ void AsyncQueue::serve() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     changed_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-    if (stop_)
+    if (stop_) {
+      // Nothing is left to run them: their callers hear so, rather than
+      // waiting for ever.
+      for (const auto &left : queue_) {
+        std::lock_guard<std::mutex> done(left->mutex_);
+        left->done_ = true;
+        left->status_ = Status::Communicator(
+            "a collective started with async_op=True was left unrun: its "
+            "group's queue was stopped");
+        left->ran_.notify_all();
+      }
+      queue_.clear();
       return;
+    }
     std::shared_ptr<Pending> next = queue_.front();
     lock.unlock();
     const Status status = next->call_.run(*group_);
@@ -107,9 +135,36 @@ void AsyncQueue::serve() {
     next->ran_.notify_all();
     lock.lock();
     queue_.pop_front();
-    if (queue_.empty())
+    if (queue_.empty()) {
       *hurry_ = false; // nobody waits for a collective of this queue
+      idle_.notify_all();
+    }
   }
+}
+
+Status AsyncQueue::drain() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!queue_.empty()) {
+    *hurry_ = true;
+    if (idle_.wait_for(lock, std::chrono::milliseconds(100),
+                       [this] { return queue_.empty(); }))
+      break;
+    lock.unlock();
+    const bool stop = interrupted();
+    lock.lock();
+    if (stop && !queue_.empty())
+      return Status::Interrupted();
+  }
+  return Status::Ok();
+}
+
+Status AsyncQueue::DrainAll() {
+  // Held throughout: a queue being destroyed meanwhile waits here (its
+  // thread needs nothing of this one to run what is left).
+  std::lock_guard<std::mutex> lock(queues_mutex);
+  for (AsyncQueue *queue : queues())
+    NNCOMM_RETURN_IF_ERROR(queue->drain());
+  return Status::Ok();
 }
 
 } // namespace nncomm

@@ -40,8 +40,9 @@ void StallInspector::arrived(const Position &at) {
     }
   }
   // Where this rank is, then where it was before.
-  uint64_t message[3 * kHistory] = {at.seq, at.fingerprint, at.phase};
-  int words = 3;
+  uint64_t message[1 + 3 * kHistory] = {transport_, at.seq, at.fingerprint,
+                                        at.phase};
+  int words = 4;
   for (uint64_t back = 1; back < kHistory && back < at.seq; ++back) {
     const Position *was = mine(at.seq - back, at);
     if (was == nullptr)
@@ -85,12 +86,14 @@ void StallInspector::collect(uint64_t seq) {
         !pending ||
         MPI_Get_count(&status, MPI_UINT64_T, &words) != MPI_SUCCESS)
       break;
-    uint64_t message[3 * kHistory] = {};
-    if (words < 0 || words > 3 * kHistory ||
+    uint64_t message[1 + 3 * kHistory] = {};
+    if (words < 1 || words > 1 + 3 * kHistory ||
         MPI_Recv(message, words, MPI_UINT64_T, status.MPI_SOURCE,
                  kArrivalTag, comm_, MPI_STATUS_IGNORE) != MPI_SUCCESS)
       break;
-    for (int w = 0; w + 2 < words; w += 3) {
+    if (message[0] != transport_)
+      continue; // another communicator's, left unread
+    for (int w = 1; w + 2 < words; w += 3) {
       if (message[w] < oldest)
         continue;
       auto &reports = arrived_[message[w]];

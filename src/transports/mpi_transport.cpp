@@ -471,7 +471,8 @@ Status MpiTransport::Init(MPI_Request *created, std::vector<int> makers) {
   if (err != MPI_SUCCESS)
     return mpi_failure(err, "MPI_Group_translate_ranks");
   flight_.set_group(world_ranks);
-  inspector_.reset(new StallInspector(comm_, rank_, std::move(world_ranks)));
+  inspector_.reset(
+      new StallInspector(comm_, rank_, std::move(world_ranks), id_));
   // Every member is here by now (the communicator is complete).
   NNCOMM_MPI_CALL(MPI_Comm_dup, comm_, &check_comm_);
   MPI_Comm node = MPI_COMM_NULL;

@@ -3,8 +3,10 @@ on every standard group, against numpy; blocking calls and other
 nonblocking ones made while one is in flight, waited for out of order;
 arrays still zeroing; a Pending dropped unwaited (its call still runs); a
 call that differs between ranks (ValueError from wait() on every rank, and
-a RuntimeWarning where nothing waits); and a wait ended by a signal handler
-while a rank is late, waited for again.
+a RuntimeWarning where nothing waits); a wait ended by a signal handler
+while a rank is late, waited for again; calls in comm.join() after a
+rank's data ended (its zeros count); and a Pending collected in a
+reference cycle after finalize().
 """
 import gc
 import signal
@@ -164,6 +166,34 @@ def joined(ck, comm):
     training = [comm.size - step for step in range(comm.rank + 1)]
     ck.equal(got, [float((step + 1) * t) for step, t in enumerate(training)],
              "async all_reduce in a join")
+    # Started in the scope and waited for after it: the scope is left and
+    # closed only once they have run.
+    started = []
+    with comm.join():
+        for step in range(comm.rank + 1):
+            y = nd(np.full((4,), step + 1, np.float32))
+            started.append((y, comm.all_reduce(y, async_op=True)))
+    for step, (y, pending) in enumerate(started):
+        pending.wait()
+        ck.array(y, np.full((4,), (step + 1) * training[step], np.float32),
+                 f"async all_reduce in a join, waited for after it [{step}]")
+
+
+def collected_in_a_cycle(ck, comm):
+    """A Pending in a reference cycle, its communicator finalized while
+    its call waits for a late rank: the collector leaves it its group (and
+    the group's queue) until the call has run."""
+    x = nd(np.full((4,), comm.rank + 1, np.float32))
+    total = sum(r + 1 for r in range(comm.size))
+    if comm.rank != 0:
+        time.sleep(0.5)
+    cycle = [comm.all_reduce(x, async_op=True)]
+    cycle.append(cycle)
+    comm.finalize()
+    del cycle
+    gc.collect()
+    ck.array(x, np.full((4,), total, np.float32),
+             "a Pending collected in a cycle")
 
 
 def nncomm_pending():
@@ -182,6 +212,7 @@ def main():
         differing(ck, comm)
         interrupted(ck, comm)
         joined(ck, comm)
+        collected_in_a_cycle(ck, comm)  # last: it finalizes
     ck.finish()
 
 

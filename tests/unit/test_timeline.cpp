@@ -129,9 +129,9 @@ TEST(timeline_records_engine_iterations_in_order) {
   CHECK_EQ(lines.back(), std::string("]"));
   CHECK_CONTAINS(lines[lines.size() - 2], "\"dropped_events\":0}");
   CHECK_CONTAINS(lines[1], "\"args\":{\"name\":\"rank 3\"}");
-  CHECK_EQ(named(lines, "thread_name").size(), size_t(6));
+  CHECK_EQ(named(lines, "thread_name").size(), size_t(7));
   for (const char *track : {"backward", "gradients", "engine", "collectives",
-                            "stalls", "device"}) {
+                            "stalls", "device", "async"}) {
     bool found = false;
     for (const std::string &line : named(lines, "thread_name"))
       found = found || has(line, std::string("{\"name\":\"") + track + "\"}");

@@ -80,15 +80,25 @@ public:
   static Status Create(Group &group, int poll_us,
                        std::unique_ptr<AsyncQueue> *out);
   // Stops the thread; a collective still waiting for other ranks gives
-  // up. Its callers' Pendings keep the queue until they have run.
+  // up, and those not run yet fail. (The binding's Pendings keep their
+  // group, and so its queue, until their collectives have run.)
   ~AsyncQueue();
 
   // Starts `call`, after every collective started before it.
   std::shared_ptr<Pending> start(GroupCall call);
 
+  // Waits until every queue of the process has run what was started on it
+  // (comm.join() opens, leaves and closes its scope only then, so that a
+  // collective runs inside the scope on every rank or on none, and no
+  // thread but the caller's uses a transport the scope shadows); Python's
+  // signal handlers run about every 100 ms, and one that raises ends the
+  // wait (kInterrupted).
+  static Status DrainAll();
+
 private:
   AsyncQueue(std::unique_ptr<Group> group, int poll_us);
   void serve();
+  Status drain();
 
   const std::unique_ptr<Group> group_;
   const std::shared_ptr<std::atomic<bool>> hurry_;
@@ -96,6 +106,7 @@ private:
   const Polling polling_;
   std::mutex mutex_;
   std::condition_variable changed_;
+  std::condition_variable idle_; // the queue became empty
   std::deque<std::shared_ptr<Pending>> queue_; // front: running
   bool stop_ = false;
   std::thread thread_;

@@ -30,9 +30,14 @@ public:
   static constexpr double kArrivalReportSeconds = 1.0;
   static constexpr int kHistory = 16;
 
-  // `world_ranks[r]`: the world rank of rank r of `comm`.
-  StallInspector(MPI_Comm comm, int rank, std::vector<int> world_ranks)
-      : comm_(comm), rank_(rank), world_ranks_(std::move(world_ranks)) {}
+  // `world_ranks[r]`: the world rank of rank r of `comm`; `transport`:
+  // the id of the transport over `comm` (the same on every rank), which
+  // the reports carry, so that one left unread on a communicator since
+  // freed, whose context MPI gave a new one, is not taken for this one's.
+  StallInspector(MPI_Comm comm, int rank, std::vector<int> world_ranks,
+                 uint64_t transport)
+      : comm_(comm), rank_(rank), world_ranks_(std::move(world_ranks)),
+        transport_(transport) {}
   ~StallInspector();
   StallInspector(const StallInspector &) = delete;
   StallInspector &operator=(const StallInspector &) = delete;
@@ -69,13 +74,14 @@ private:
   MPI_Comm comm_;
   int rank_;
   std::vector<int> world_ranks_;
+  const uint64_t transport_;
   uint64_t reported_ = UINT64_MAX; // the last seq this rank announced
   uint64_t reported_phase_ = 0;
   std::map<uint64_t, std::vector<Report>> arrived_; // seq -> per rank
   Position history_[kHistory]; // by seq % kHistory
   struct Send {
     MPI_Request request;
-    uint64_t message[3 * kHistory]; // the message's buffer: Positions
+    uint64_t message[1 + 3 * kHistory]; // the buffer: transport, Positions
   };
   std::vector<Send *> sends_;
 };
