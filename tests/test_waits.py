@@ -174,6 +174,23 @@ def test_a_rank_killed_during_backward_ends_the_job(cleanup):
     assert not left_running(token)
 
 
+def test_a_call_async_on_some_ranks_and_blocking_on_others_is_named():
+    # Calls on two communicators (the group's, its queue's) wait for each
+    # other until NNCOMM_TIMEOUT, as calls on two groups of the same ranks
+    # do; the nonblocking side's message says where it waits.
+    token = f"mismatch-{uuid.uuid4().hex}"
+    code, out, err, seconds = run_job(
+        "waits", 3, ["mismatch", "async", token],
+        env={"NNCOMM_TIMEOUT": "3"}, timeout=60)
+    assert code != 0, out
+    assert seconds < 3 + 5 + 15, seconds
+    for rank in (0, 1):
+        line = rank_line(rank, out, err)
+        assert "NNCOMM_TIMEOUT" in line, line
+        assert "in its queue of async_op=True calls" in line, line
+    assert not left_running(token)
+
+
 @pytest.mark.parametrize("case", ("all_reduce", "large", "sampled",
                                   "skipped", "callback"))
 def test_ranks_in_different_calls_find_out(case):

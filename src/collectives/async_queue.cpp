@@ -67,7 +67,10 @@ Status Pending::wait(bool interruptible) {
 Status AsyncQueue::Create(Group &group, int poll_us,
                           std::unique_ptr<AsyncQueue> *out) {
   std::unique_ptr<Group> own;
-  NNCOMM_RETURN_IF_ERROR(group.duplicate(Track::kAsync, &own));
+  // A rank making a call started here where another makes it blocking
+  // waits for a call the other never makes here: the messages say where.
+  NNCOMM_RETURN_IF_ERROR(group.duplicate(
+      Track::kAsync, "in its queue of async_op=True calls", &own));
   out->reset(new AsyncQueue(std::move(own), poll_us));
   return Status::Ok();
 }

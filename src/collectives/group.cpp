@@ -113,14 +113,16 @@ Status Group::count_training(int *training) {
   return Join::Count(*transport_, training);
 }
 
-Status Group::duplicate_transport(std::unique_ptr<MpiTransport> *out) {
+Status Group::duplicate_transport(std::unique_ptr<MpiTransport> *out,
+                                  const char *role) {
   NNCOMM_IN_TURN();
-  return transport_->Duplicate(out);
+  return transport_->Duplicate(out, role);
 }
 
-Status Group::duplicate(Track track, std::unique_ptr<Group> *out) {
+Status Group::duplicate(Track track, const char *role,
+                        std::unique_ptr<Group> *out) {
   std::unique_ptr<MpiTransport> own;
-  NNCOMM_RETURN_IF_ERROR(duplicate_transport(&own));
+  NNCOMM_RETURN_IF_ERROR(duplicate_transport(&own, role));
   out->reset(new Group(std::move(own), name_, track));
   return Status::Ok();
 }

@@ -163,6 +163,8 @@ public:
     if (inspector_ != nullptr) {
       text += " on the group of world ranks " +
               rank_list(inspector_->world_ranks());
+      if (inspector_->role() != nullptr)
+        text += std::string(", ") + inspector_->role();
     }
     return text;
   }
@@ -372,7 +374,8 @@ Status MpiTransport::Create(MPI_Comm comm, std::unique_ptr<MpiTransport> *out) {
   return Create(comm, Fingerprint().add("root").add(roots_made++).value(), out);
 }
 
-Status MpiTransport::Duplicate(std::unique_ptr<MpiTransport> *out) {
+Status MpiTransport::Duplicate(std::unique_ptr<MpiTransport> *out,
+                               const char *role) {
   NNCOMM_RETURN_IF_ERROR(begin(described(ShadowOp::Kind::kDuplicate,
                                          "duplicate", 0, DType::kInt64)));
   const uint64_t seq = at_.seq;
@@ -383,10 +386,12 @@ Status MpiTransport::Duplicate(std::unique_ptr<MpiTransport> *out) {
   // The new communicator's own record holds the creation's steps; this
   // one's says how it ended, or a flight record would show every rank
   // still in it.
-  if (status.ok())
+  if (status.ok()) {
     flight_.completed(seq);
-  else
+    (*out)->inspector_->set_role(role);
+  } else {
     flight_.failed(seq);
+  }
   return status;
 }
 

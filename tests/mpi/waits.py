@@ -48,7 +48,10 @@ reduce, all_gather, communicator, new_group, timeline) as MODE says, the other r
   reports say they made before. OP 'callback': after a callback backward everywhere, the
   last rank makes a plain backward and an all_reduce of the gradients while
   the others make the callback backward again (whose plan, reused, is
-  agreed on the group's communicator, where the all_reduce meets it).
+  agreed on the group's communicator, where the all_reduce meets it). OP
+  'async': the last rank makes blocking an all_reduce the others start with
+  async_op=True (run with a small NNCOMM_TIMEOUT: the ranks wait on two
+  communicators, and the others' messages name their queue).
 
 TOKEN only marks the processes, so that the test can check none is left.
 """
@@ -138,6 +141,17 @@ def run_op(comm, late):
             if not (late and step == 1):
                 comm.all_reduce(first)
             comm.all_reduce(second)
+        return None
+    if MODE == "mismatch" and OP == "async":
+        # The last rank makes blocking the all_reduce the others start with
+        # async_op=True: calls on two communicators, which wait for each
+        # other until NNCOMM_TIMEOUT (run with a small one).
+        x = nd(np.ones(4, np.float32))
+        comm.all_reduce(x, async_op=True).wait()  # every rank's queue
+        if late:
+            comm.all_reduce(x)
+        else:
+            comm.all_reduce(x, async_op=True).wait()
         return None
     if MODE == "mismatch" and OP == "callback":
         x, t, loss, _, params = three_layer_mlp(41)

@@ -59,8 +59,10 @@ public:
 
   // A group of the same ranks and name over a transport of its own, whose
   // collectives never interleave with this one's (a queue of nonblocking
-  // collectives, async_queue.hpp), on the timeline's `track`. Collective.
-  Status duplicate(Track track, std::unique_ptr<Group> *out);
+  // collectives, async_queue.hpp), on the timeline's `track`, its waits'
+  // messages naming its `role` (a literal). Collective.
+  Status duplicate(Track track, const char *role,
+                   std::unique_ptr<Group> *out);
 
   // Whether `arrays` are on the device the group communicates device
   // memory on (before its first device collective: on one device), asked
@@ -127,7 +129,8 @@ private:
   // A transport of its own over this group's ranks, for an engine thread
   // or the device path, whose collectives must not interleave with the
   // group's. Collective.
-  Status duplicate_transport(std::unique_ptr<MpiTransport> *out);
+  Status duplicate_transport(std::unique_ptr<MpiTransport> *out,
+                             const char *role = nullptr);
   // Runs `collective` (a Collective's body: named `op` on the timeline,
   // sending `sent`) on `arrays` where they are placed, in its turn.
   template <typename Sent, typename Body>

@@ -61,6 +61,10 @@ public:
   // checking calls are left to the check itself).
   std::vector<int> differing(const Position &at);
   const std::vector<int> &world_ranks() const { return world_ranks_; }
+  // What the communicator is for, where its creator says ("in its queue of
+  // async_op=True calls"), for messages; or null.
+  void set_role(const char *role) { role_ = role; }
+  const char *role() const { return role_; }
 
 private:
   struct Report {
@@ -75,6 +79,7 @@ private:
   int rank_;
   std::vector<int> world_ranks_;
   const uint64_t transport_;
+  const char *role_ = nullptr;
   uint64_t reported_ = UINT64_MAX; // the last seq this rank announced
   uint64_t reported_phase_ = 0;
   std::map<uint64_t, std::vector<Report>> arrived_; // seq -> per rank

@@ -41,7 +41,10 @@ public:
   // A transport over a new duplicate of this one's communicator, for a
   // thread that must not interleave its collectives with others' on this
   // one. Collective over this transport's ranks: an operation of this one.
-  Status Duplicate(std::unique_ptr<MpiTransport> *out);
+  // `role`: what it is for, in its operations' messages (a literal), or
+  // null.
+  Status Duplicate(std::unique_ptr<MpiTransport> *out,
+                   const char *role = nullptr);
   ~MpiTransport() override;
   MpiTransport(const MpiTransport &) = delete;
   MpiTransport &operator=(const MpiTransport &) = delete;
