@@ -556,14 +556,8 @@ cdef class Communicator:
             return None
         cdef Placed placed = reduced_arrays(data_list, self._context,
                                             division, False)
-        cdef GroupCall call
-        call.kind = CallKind.kAllReduce
-        call.where = placed.where
-        call.arrays = placed.refs
-        call.division = division
-        call.scale = 1.0
-        call.fuse = not inplace
-        return start_async(g, call, data_list)
+        return start_async(g, CallKind.kAllReduce, placed, data_list, 0,
+                           division, not inplace, None)
 
     def grouped_all_reduce(self, data_lists, bint division=False,
                            group="world"):
@@ -621,15 +615,9 @@ cdef class Communicator:
         check_distinct(data_list, "data")
         cdef Placed arrays = reduced_arrays(data_list, self._context,
                                             division, False)
-        cdef GroupCall call
         if async_op:
-            call.kind = CallKind.kReduce
-            call.where = arrays.where
-            call.arrays = arrays.refs
-            call.root = root
-            call.division = division
-            call.fuse = not inplace
-            return start_async(g, call, data_list)
+            return start_async(g, CallKind.kReduce, arrays, data_list,
+                               root, division, not inplace, None)
         cdef Status status
         with nogil:
             status = deref(g.core).reduce(arrays.where, arrays.refs, root,
@@ -656,14 +644,9 @@ cdef class Communicator:
         cdef list data_list = as_ndarray_list(data, "data")
         cdef Placed arrays = place(data_list, self._context, "data",
                                    None)
-        cdef GroupCall call
         if async_op:
-            call.kind = CallKind.kBcast
-            call.where = arrays.where
-            call.arrays = arrays.refs
-            call.root = root
-            call.fuse = not inplace
-            return start_async(g, call, data_list)
+            return start_async(g, CallKind.kBcast, arrays, data_list,
+                               root, False, not inplace, None)
         cdef Status status
         with nogil:
             status = deref(g.core).bcast(arrays.where, arrays.refs, root,
@@ -729,13 +712,9 @@ cdef class Communicator:
         cdef Placed recv = place(recv_list, self._context,
                                  "ndarray_list", send.dtypes[0])
         check_same_place(send, recv, "ndarray and ndarray_list")
-        cdef GroupCall call
         if async_op:
-            call.kind = CallKind.kAllGather
-            call.where = send.where
-            call.one = send.refs[0]
-            call.arrays = recv.refs
-            return start_async(g, call, (ndarray, recv_list))
+            return start_async(g, CallKind.kAllGather, recv,
+                               (ndarray, recv_list), 0, False, True, send)
         cdef Status status
         with nogil:
             status = deref(g.core).all_gather(send.where, send.refs[0],
@@ -898,14 +877,10 @@ cdef class Communicator:
         cdef Placed recv = place([ndarray], self._context, "ndarray",
                                  send.dtypes[0])
         check_same_place(send, recv, "ndarray and ndarray_list")
-        cdef GroupCall call
         if async_op:
-            call.kind = CallKind.kReduceScatter
-            call.where = recv.where
-            call.arrays = send.refs
-            call.one = recv.refs[0]
-            call.division = division
-            return start_async(g, call, (send_list, ndarray))
+            return start_async(g, CallKind.kReduceScatter, send,
+                               (send_list, ndarray), 0, division, True,
+                               recv)
         cdef Status status
         with nogil:
             status = deref(g.core).reduce_scatter(recv.where, send.refs,

@@ -73,9 +73,24 @@ cdef class Pending:
                 RuntimeWarning)
 
 
-cdef Pending start_async(_Group g, GroupCall call, keep):
-    """Starts `call` on `g`'s queue; `keep`: what must outlive it (the
-    arrays whose memory it uses)."""
+cdef Pending start_async(_Group g, CallKind kind, Placed arrays, keep,
+                         int root, bint division, bint fuse, Placed one):
+    """Starts the collective `kind` on `g`'s queue, with the arguments its
+    blocking call passes the group: `arrays` (reduced, broadcast, gathered
+    into or scattered from) and `one` (all_gather's send, reduce_scatter's
+    recv: where the call is placed; or None); `keep`: what must outlive it
+    (the arrays whose memory it uses). Made here, not in the blocking
+    calls, which so build no GroupCall."""
+    cdef GroupCall call
+    call.kind = kind
+    call.where = arrays.where if one is None else one.where
+    call.arrays = arrays.refs
+    if one is not None:
+        call.one = one.refs[0]
+    call.root = root
+    call.division = division
+    call.scale = 1.0
+    call.fuse = fuse
     cdef AsyncQueue* queue = g.async_queue()
     cdef Pending pending = Pending.__new__(Pending)
     pending.group = g
