@@ -211,7 +211,6 @@ cdef extern from "nncomm/collectives/async_queue.hpp" namespace "nncomm" nogil:
         ArrayRef one
         int root
         bool division
-        float scale
         bool fuse
         const char* site
 

@@ -89,7 +89,6 @@ cdef Pending start_async(_Group g, CallKind kind, Placed arrays, keep,
         call.one = one.refs[0]
     call.root = root
     call.division = division
-    call.scale = 1.0
     call.fuse = fuse
     cdef AsyncQueue* queue = g.async_queue()
     cdef Pending pending = Pending.__new__(Pending)

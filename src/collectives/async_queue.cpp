@@ -15,6 +15,29 @@ std::set<AsyncQueue *> &queues() {
   static std::set<AsyncQueue *> all;
   return all;
 }
+
+// Waits on `changed` under `lock` until `ready()`, the queue testing
+// without pause meanwhile (`hurry`); with `interruptible`, Python's signal
+// handlers run about every 100 ms, and one that raises ends the wait
+// (kInterrupted).
+template <typename Ready>
+Status wait_until(std::unique_lock<std::mutex> &lock,
+                  std::condition_variable &changed, std::atomic<bool> &hurry,
+                  bool interruptible, const Ready &ready) {
+  while (!ready()) {
+    hurry = true;
+    if (changed.wait_for(lock, std::chrono::milliseconds(100), ready))
+      break;
+    if (interruptible) {
+      lock.unlock();
+      const bool stop = interrupted();
+      lock.lock();
+      if (stop && !ready())
+        return Status::Interrupted();
+    }
+  }
+  return Status::Ok();
+}
 } // namespace
 
 Status GroupCall::run(Group &group) {
@@ -27,7 +50,7 @@ Status GroupCall::run(Group &group) {
   case Kind::kAllReduce:
     // Arrays were made to hold memory when the call was started: nothing
     // is left zeroing for this thread to write.
-    return group.all_reduce(where, arrays, division, scale, fuse,
+    return group.all_reduce(where, arrays, division, 1.0f, fuse,
                             Materializer{});
   case Kind::kReduce:
     return group.reduce(where, arrays, root, division, fuse);
@@ -48,19 +71,8 @@ bool Pending::done() {
 
 Status Pending::wait(bool interruptible) {
   std::unique_lock<std::mutex> lock(mutex_);
-  while (!done_) {
-    *hurry_ = true;
-    if (ran_.wait_for(lock, std::chrono::milliseconds(100),
-                      [this] { return done_; }))
-      break;
-    if (interruptible) {
-      lock.unlock();
-      const bool stop = interrupted();
-      lock.lock();
-      if (stop && !done_)
-        return Status::Interrupted();
-    }
-  }
+  NNCOMM_RETURN_IF_ERROR(wait_until(lock, ran_, *hurry_, interruptible,
+                                    [this] { return done_; }));
   return status_;
 }
 
@@ -147,18 +159,8 @@ void AsyncQueue::serve() {
 
 Status AsyncQueue::drain() {
   std::unique_lock<std::mutex> lock(mutex_);
-  while (!queue_.empty()) {
-    *hurry_ = true;
-    if (idle_.wait_for(lock, std::chrono::milliseconds(100),
-                       [this] { return queue_.empty(); }))
-      break;
-    lock.unlock();
-    const bool stop = interrupted();
-    lock.lock();
-    if (stop && !queue_.empty())
-      return Status::Interrupted();
-  }
-  return Status::Ok();
+  return wait_until(lock, idle_, *hurry_, true,
+                    [this] { return queue_.empty(); });
 }
 
 Status AsyncQueue::DrainAll() {

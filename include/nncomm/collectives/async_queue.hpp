@@ -40,7 +40,6 @@ struct GroupCall {
   ArrayRef one;
   int root = 0;
   bool division = false;
-  float scale = 1.0f;
   bool fuse = true;
   // The caller's line, for the flight recorder (set_call_site), or null.
   const char *site = nullptr;
