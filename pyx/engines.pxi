@@ -308,6 +308,10 @@ cdef _Plan commit_plan(_Group group, _Draft draft, list data,
     rank has its buffers."""
     if thread is None:
         thread = _new_thread(group, len(data), device)
+    if device is not None:
+        # The thread has opened the group's device path, whose transport
+        # says how small a bucket is worth its own operation.
+        merge_buckets(deref(group.core).bucket_floor_bytes(), &draft.buckets)
     cdef _Plan made = _Plan.__new__(_Plan)
     made.fingerprint = draft.fingerprint
     planned = set(draft.order)

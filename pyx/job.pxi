@@ -15,13 +15,14 @@ cdef tuple _AGREED_SETTINGS = ("NNCOMM_CHUNK_BYTES", "NNCOMM_DIRECT_BYTES",
                                "NNCOMM_CHECK_CALLS", "NNCOMM_HIERARCHICAL",
                                "NNCOMM_GPU_TRANSPORT",
                                "NNCOMM_IPC_CHUNK_BYTES",
-                               "NNCOMM_IPC_MIN_BYTES")
+                               "NNCOMM_IPC_MIN_BYTES",
+                               "NNCOMM_IPC_BUCKET_BYTES")
 
 
 cdef int _agree_on_settings(_Group world) except -1:
     """Raises ValueError on every rank, naming the setting and which ranks
     have which value, unless all ranks run with the same settings."""
-    cdef int64_t mine[7]
+    cdef int64_t mine[8]
     mine[0] = chunk_bytes()
     mine[1] = direct_bytes()
     mine[2] = <int>check_calls()
@@ -29,12 +30,13 @@ cdef int _agree_on_settings(_Group world) except -1:
     mine[4] = <int>gpu_transport()
     mine[5] = ipc_chunk_bytes()
     mine[6] = ipc_min_bytes()
+    mine[7] = ipc_bucket_bytes()
     n = len(world.ranks)
-    everyone = np.zeros((n, 7), np.int64)
+    everyone = np.zeros((n, len(_AGREED_SETTINGS)), np.int64)
     cdef int64_t[:, ::1] out = everyone
     cdef Status status
     with nogil:
-        status = deref(world.core).allgather(mine, &out[0, 0], 7,
+        status = deref(world.core).allgather(mine, &out[0, 0], 8,
                                               DType.kInt64)
     CHKSTATUS(status)
     for k, name in enumerate(_AGREED_SETTINGS):

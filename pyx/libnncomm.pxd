@@ -47,6 +47,7 @@ cdef extern from "nncomm/core/bucket_plan.hpp" namespace "nncomm" nogil:
                                 bool keep_dtype, DType wire,
                                 size_t direct_bytes)
     void prioritize(const vector[double]& priorities, vector[Bucket]* plan)
+    void merge_buckets(size_t floor_bytes, vector[Bucket]* plan)
     uint64_t plan_fingerprint(const vector[Bucket]& plan)
 
 
@@ -162,6 +163,7 @@ cdef extern from "nncomm/collectives/group.hpp" namespace "nncomm" nogil:
                              unique_ptr[Engine]* out)
         Status check_placed(const vector[ArrayRef]& arrays)
         const char* device_transport()
+        size_t bucket_floor_bytes()
         string take_advice()
         bool has_advice()
         int rank()
@@ -233,6 +235,7 @@ cdef extern from "nncomm/observability/config.hpp" namespace "nncomm::config" no
     size_t chunk_bytes()
     size_t ipc_chunk_bytes()
     size_t ipc_min_bytes()
+    size_t ipc_bucket_bytes()
     enum class GpuTransport(int):
         kAuto
         kNccl

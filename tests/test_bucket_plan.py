@@ -97,3 +97,44 @@ def test_plan_large_tensors_go_direct(pack_size):
     assert direct == {1}
     packed = {t for _, d, segs in plan if not d for t, *_ in segs}
     assert packed == {0, 2, 3, 4}
+
+
+def _pieces(plan):
+    """The element ranges a plan moves, in launch order, adjacent pieces of
+    one tensor joined."""
+    out = []
+    for _, _, segments in plan:
+        for t, offset, count in segments:
+            if out and out[-1][0] == t and sum(out[-1][1:]) == offset:
+                out[-1] = (t, out[-1][1], out[-1][2] + count)
+            else:
+                out.append((t, offset, count))
+    return out
+
+
+@pytest.mark.parametrize("floor", [1, 40, 100, 10**9])
+@pytest.mark.parametrize("keep_dtype", [False, True])
+def test_merged_plan_moves_the_same_pieces_in_fewer_buckets(floor,
+                                                            keep_dtype):
+    counts = [5, 40, 2, 64, 7, 30, 0, 11]
+    dtypes = [F32, F32, F16, F16, F32, F64, F32, F16]
+    args = (counts, dtypes, list(reversed(range(8))), 8, keep_dtype, F32,
+            120)
+    drafted = plan_gradient_buckets(*args)
+    merged = plan_gradient_buckets(*args, floor_bytes=floor)
+    assert _pieces(merged) == _pieces(drafted)
+    for k, (dt, direct, segments) in enumerate(merged):
+        size = sum(count for *_, count in segments) * dt.itemsize
+        last_of_its_dtype_run = k + 1 == len(merged) or merged[k + 1][0] != dt
+        assert size >= floor or last_of_its_dtype_run
+        assert not direct or len(segments) == 1
+        for a, b in zip(segments, segments[1:]):
+            assert not (a[0] == b[0] and a[1] + a[2] == b[1]), \
+                "adjacent pieces of one tensor are one segment"
+    runs = 1 + sum(a[0] != b[0] for a, b in zip(drafted, drafted[1:]))
+    if floor == 1:
+        assert merged == drafted
+    elif floor == 10**9:
+        assert len(merged) == runs
+    else:
+        assert runs <= len(merged) < len(drafted)

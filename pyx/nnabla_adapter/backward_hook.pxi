@@ -696,7 +696,7 @@ cdef class AllReduceCallback:
 
 
 def plan_gradient_buckets(counts, dtypes, order, pack_size, keep_dtype, wire,
-                          direct_bytes):
+                          direct_bytes, floor_bytes=0):
     """The bucket plan the engine would run, for inspection and tests.
 
     Args:
@@ -708,6 +708,9 @@ def plan_gradient_buckets(counts, dtypes, order, pack_size, keep_dtype, wire,
         wire (numpy dtype): the dtype buckets travel in otherwise.
         direct_bytes (int): tensors of this many bytes or more, in the
             wire dtype, get direct buckets of their own.
+        floor_bytes (int): consecutive buckets merged up to this many
+            bytes, as the engine does on a transport with that floor
+            (CUDA IPC: ``NNCOMM_IPC_BUCKET_BYTES``); 0: none merged.
 
     Returns:
         list of (numpy dtype, direct, list of (tensor, tensor_offset, count)),
@@ -723,6 +726,7 @@ def plan_gradient_buckets(counts, dtypes, order, pack_size, keep_dtype, wire,
     cdef vector[Bucket] plan = plan_buckets(
         specs, list(order), pack_size, keep_dtype,
         <DType><int>_DTYPE_CODES[np.dtype(wire)], direct_bytes)
+    merge_buckets(floor_bytes, &plan)
     return [(names[<int>b.dtype], b.direct,
              [(s.tensor, s.tensor_offset, s.count)
               for s in b.segments])

@@ -178,6 +178,11 @@ const char *Group::device_transport() {
   return device_ ? device_->transport_name() : "mpi";
 }
 
+size_t Group::bucket_floor_bytes() {
+  std::lock_guard<std::mutex> lock(device_mutex_);
+  return device_ ? device_->bucket_floor_bytes() : 0;
+}
+
 std::string Group::take_advice() {
   std::lock_guard<std::mutex> lock(device_mutex_);
   std::string advice;

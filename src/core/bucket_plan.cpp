@@ -74,6 +74,48 @@ void prioritize(const std::vector<double> &priorities,
                    });
 }
 
+namespace {
+
+// Appends `from`'s pieces to `into`, as one bucket.
+void append(Bucket &&from, Bucket *into) {
+  for (const Segment &s : from.segments) {
+    Segment *last = into->segments.empty() ? nullptr : &into->segments.back();
+    if (last != nullptr && last->tensor == s.tensor &&
+        last->tensor_offset + last->count == s.tensor_offset) {
+      last->count += s.count;
+    } else {
+      into->segments.push_back(s);
+    }
+  }
+  for (size_t t : from.tensors) {
+    if (std::find(into->tensors.begin(), into->tensors.end(), t) ==
+        into->tensors.end())
+      into->tensors.push_back(t);
+  }
+  into->count += from.count;
+  into->priority = std::max(into->priority, from.priority);
+  into->direct = false;
+}
+
+} // namespace
+
+void merge_buckets(size_t floor_bytes, std::vector<Bucket> *plan) {
+  if (floor_bytes == 0 || plan->size() < 2)
+    return;
+  std::vector<Bucket> merged;
+  bool open = false; // whether merged.back() takes more
+  for (Bucket &b : *plan) {
+    if (open && merged.back().dtype == b.dtype) {
+      append(std::move(b), &merged.back());
+    } else {
+      merged.push_back(std::move(b));
+    }
+    const Bucket &last = merged.back();
+    open = last.count * dtype_size(last.dtype) < floor_bytes;
+  }
+  plan->swap(merged);
+}
+
 uint64_t plan_fingerprint(const std::vector<Bucket> &plan) {
   Fingerprint f;
   f.add(plan.size());

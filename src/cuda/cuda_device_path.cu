@@ -103,6 +103,9 @@ public:
     }
     return "mpi";
   }
+  size_t bucket_floor_bytes() const override {
+    return kind_ == Kind::kIpc ? config::ipc_bucket_bytes() : 0;
+  }
   const std::string &advice() const override { return advice_; }
   int device() const override { return device_; }
 

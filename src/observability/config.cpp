@@ -107,6 +107,8 @@ struct Settings {
   Setting<size_t> ipc_chunk = bytes("NNCOMM_IPC_CHUNK_BYTES", 32u << 20);
   Setting<size_t> ipc_min = count("NNCOMM_IPC_MIN_BYTES", 2u << 20, 0,
                                   SIZE_MAX, "a number of bytes, 0 or more");
+  Setting<size_t> ipc_bucket = count("NNCOMM_IPC_BUCKET_BYTES", 32u << 20, 0,
+                                     SIZE_MAX, "a number of bytes, 0 or more");
   Setting<size_t> huge_page = bytes("NNCOMM_HUGE_PAGE_BYTES", 4u << 20);
   Setting<CallChecks> check = one_of(
       "NNCOMM_CHECK_CALLS", CallChecks::kNew,
@@ -166,6 +168,7 @@ Status validate() {
 size_t chunk_bytes() { return settings().chunk.value; }
 size_t direct_bytes() { return settings().direct.value; }
 size_t ipc_min_bytes() { return settings().ipc_min.value; }
+size_t ipc_bucket_bytes() { return settings().ipc_bucket.value; }
 size_t ipc_chunk_bytes() {
   return std::max<size_t>(settings().ipc_chunk.value, 4096);
 }

@@ -43,6 +43,10 @@ public:
 
   // "nccl", "ipc" or "mpi".
   virtual const char *transport_name() const = 0;
+  // The smallest bucket worth an operation of its own on the path's
+  // transport: the engine merges its plans' smaller ones (merge_buckets);
+  // 0 where any size is.
+  virtual size_t bucket_floor_bytes() const = 0;
   // What the user should change where the group's ranks share a GPU while
   // their hosts have more; empty otherwise.
   virtual const std::string &advice() const = 0;

@@ -74,6 +74,8 @@ public:
   // How the group communicates device memory: "nccl", "ipc" or "mpi"
   // ("mpi" before its first device collective too).
   const char *device_transport();
+  // Its DevicePath's bucket_floor_bytes(); 0 before it has one.
+  size_t bucket_floor_bytes();
   // What the device path, opened since the last call, advises the user
   // (device_path.hpp); empty otherwise. has_advice() says whether there
   // is some, without a lock: every call of the binding asks.

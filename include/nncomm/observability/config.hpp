@@ -33,6 +33,13 @@ size_t ipc_chunk_bytes();
 // a staged one grows with its size from less (0.41 ms at 1 MiB, 0.61 ms at
 // 2). NNCOMM_IPC_MIN_BYTES, default 2 MiB; 0: every operation over IPC.
 size_t ipc_min_bytes();
+// The engine's buckets on the CUDA IPC transport are at least this large,
+// consecutive ones merged (merge_buckets in bucket_plan.hpp): each costs
+// that fixed round, and on ranks sharing a GPU without MPS the rounds
+// stretch their backward (ResNet-50 under PyTorch on an H200: 33 buckets
+// 1.22 x compute, 4 buckets 1.04). NNCOMM_IPC_BUCKET_BYTES, default 32 MiB;
+// 0: the plan as drafted.
+size_t ipc_bucket_bytes();
 
 // Arrays at least this large are reduced where they lie instead of being
 // copied into the fusion buffer: for them the two copies cost more than the
