@@ -428,6 +428,9 @@ cdef class GradientReducer:
     cdef bytearray marked  # per gradient: ready() called this iteration
     cdef bint active
 
+    def __init__(self, *args, **kwargs):
+        refuse_direct_construction(self, "Communicator.gradient_reducer")
+
     @property
     def launch_order(self):
         """list of tuple of int: the gradients of each bucket of the latest

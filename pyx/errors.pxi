@@ -36,3 +36,11 @@ cdef inline int CHKSTATUS(const Status& status) except -1 nogil:
         return 0
     with gil:
         return raise_status(status)
+
+
+cdef int refuse_direct_construction(self, str maker) except -1:
+    """Raises TypeError: the classes whose objects nncomm makes itself (by
+    __new__, which skips __init__) hold nothing usable when Python calls
+    them, and would crash at their first method."""
+    raise TypeError(f"{type(self).__name__} objects are made by {maker}, "
+                    f"not directly")

@@ -31,6 +31,9 @@ cdef class Pending:
     cdef PyObject* kept
     cdef bint waited
 
+    def __init__(self, *args, **kwargs):
+        refuse_direct_construction(self, "the collectives' async_op=True")
+
     def is_completed(self):
         """Whether the collective has run, successfully or not (PyTorch's
         ``Work.is_completed``, Horovod's ``poll``); never blocks.

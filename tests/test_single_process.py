@@ -207,3 +207,14 @@ def test_communicator_callbacks_only_with_the_nnabla_it_knows(version):
         assert lines[3].startswith("sync_batch_normalization refused:")
         assert lines[4] == ("why not: nnabla 1.40.0 is not one nncomm "
                             "knows the types of (1.39.0)")
+
+
+@pytest.mark.parametrize("name,maker", [
+    ("Pending", "async_op=True"),
+    ("GradientReducer", "Communicator.gradient_reducer"),
+    ("AllReduceCallback", "Communicator.all_reduce_callback")])
+def test_objects_nncomm_makes_refuse_direct_construction(name, maker):
+    # Made directly they would hold nothing, and crash at their first call.
+    with pytest.raises(TypeError, match=f"{name} objects are made by "
+                                        f".*{maker}.*not directly"):
+        getattr(nncomm, name)()

@@ -318,6 +318,9 @@ cdef class AllReduceCallback:
     # (_backward_returned), not the last function the analysis expects.
     cdef bint caller_ends
 
+    def __init__(self, *args, **kwargs):
+        refuse_direct_construction(self, "Communicator.all_reduce_callback")
+
     @property
     def launch_order(self):
         """list of tuple of int: the gradients of each bucket of the latest
