@@ -123,10 +123,15 @@ def test_merged_plan_moves_the_same_pieces_in_fewer_buckets(floor,
     drafted = plan_gradient_buckets(*args)
     merged = plan_gradient_buckets(*args, floor_bytes=floor)
     assert _pieces(merged) == _pieces(drafted)
+    def size(bucket):
+        return sum(count for *_, count in bucket[2]) * bucket[0].itemsize
+
     for k, (dt, direct, segments) in enumerate(merged):
-        size = sum(count for *_, count in segments) * dt.itemsize
-        last_of_its_dtype_run = k + 1 == len(merged) or merged[k + 1][0] != dt
-        assert size >= floor or last_of_its_dtype_run
+        # Under the floor only before another dtype, a bucket that reaches
+        # the floor itself, or the end.
+        after = merged[k + 1] if k + 1 < len(merged) else None
+        assert size(merged[k]) >= floor or after is None or \
+            after[0] != dt or size(after) >= floor
         assert not direct or len(segments) == 1
         for a, b in zip(segments, segments[1:]):
             assert not (a[0] == b[0] and a[1] + a[2] == b[1]), \
@@ -138,3 +143,21 @@ def test_merged_plan_moves_the_same_pieces_in_fewer_buckets(floor,
         assert len(merged) == runs
     else:
         assert runs <= len(merged) < len(drafted)
+
+
+def test_merged_pieces_of_one_tensor_stay_direct():
+    # 40 float32 in direct pieces of 10 (40 bytes): three join into one
+    # piece of 120 bytes, still reduced where it lies; the last stays.
+    merged = plan_gradient_buckets([40], [F32], [0], 10, False, F32, 40,
+                                   floor_bytes=100)
+    assert merged == [(F32, True, [(0, 0, 30)]), (F32, True, [(0, 30, 10)])]
+
+
+def test_a_bucket_at_the_floor_is_not_merged_into_a_smaller_one():
+    # Tensor 0's direct pieces of 400 and 20 bytes, then tensor 1's of 400:
+    # the 20-byte one stays alone rather than take a bucket that reaches the
+    # floor itself out of its place.
+    args = ([105, 100], [F32, F32], [0, 1], 100, False, F32, 400)
+    drafted = plan_gradient_buckets(*args)
+    assert [d for _, d, _ in drafted] == [True, True, True]
+    assert plan_gradient_buckets(*args, floor_bytes=400) == drafted

@@ -94,7 +94,9 @@ void append(Bucket &&from, Bucket *into) {
   }
   into->count += from.count;
   into->priority = std::max(into->priority, from.priority);
-  into->direct = false;
+  // Pieces of one tensor that join into one are still reduced where they
+  // lie.
+  into->direct = into->direct && from.direct && into->segments.size() == 1;
 }
 
 } // namespace
@@ -104,14 +106,15 @@ void merge_buckets(size_t floor_bytes, std::vector<Bucket> *plan) {
     return;
   std::vector<Bucket> merged;
   bool open = false; // whether merged.back() takes more
+  auto bytes = [](const Bucket &b) { return b.count * dtype_size(b.dtype); };
   for (Bucket &b : *plan) {
-    if (open && merged.back().dtype == b.dtype) {
+    // A bucket that reaches the floor itself goes as it is.
+    if (open && merged.back().dtype == b.dtype && bytes(b) < floor_bytes) {
       append(std::move(b), &merged.back());
     } else {
       merged.push_back(std::move(b));
     }
-    const Bucket &last = merged.back();
-    open = last.count * dtype_size(last.dtype) < floor_bytes;
+    open = bytes(merged.back()) < floor_bytes;
   }
   plan->swap(merged);
 }

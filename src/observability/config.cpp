@@ -156,7 +156,8 @@ Status validate() {
        {&s.chunk.error, &s.direct.error, &s.huge_page.error, &s.check.error,
         &s.finite.error, &s.launch_at.error, &s.poll.error, &s.timeout.error,
         &s.stall.error, &s.fail_allocation.error, &s.gpu.error,
-        &s.two_level.error, &s.flight.error}) {
+        &s.two_level.error, &s.flight.error, &s.ipc_chunk.error,
+        &s.ipc_min.error, &s.ipc_bucket.error}) {
     if (!error->empty())
       bad += (bad.empty() ? "" : "; ") + *error;
   }

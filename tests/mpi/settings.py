@@ -7,7 +7,8 @@ every rank, the ValueError its cause.
 Usage: settings.py MODE, where MODE is
 - bad: every rank runs with NNCOMM_CHUNK_BYTES=4k, NNCOMM_TIMEOUT=-1,
   NNCOMM_GPU_TRANSPORT=gloo, NNCOMM_FLIGHT_RECORDER=lots,
-  NNCOMM_CHECK_FINITE=yes and NNCOMM_HIERARCHICAL=sometimes;
+  NNCOMM_CHECK_FINITE=yes, NNCOMM_HIERARCHICAL=sometimes,
+  NNCOMM_IPC_MIN_BYTES=-1 and NNCOMM_IPC_BUCKET_BYTES=32MiB;
 - differ: rank r runs with NNCOMM_DIRECT_BYTES=(r + 1) * 64, or with
   NNCOMM_CHECK_CALLS=0 on rank 0 only (MODE differ_checks), or with
   NNCOMM_HIERARCHICAL=0 on rank 0 only (MODE differ_hierarchical: on
@@ -35,6 +36,8 @@ if MODE == "bad":
     os.environ["NNCOMM_FLIGHT_RECORDER"] = "lots"
     os.environ["NNCOMM_CHECK_FINITE"] = "yes"
     os.environ["NNCOMM_HIERARCHICAL"] = "sometimes"
+    os.environ["NNCOMM_IPC_MIN_BYTES"] = "-1"
+    os.environ["NNCOMM_IPC_BUCKET_BYTES"] = "32MiB"
 elif MODE == "differ":
     os.environ["NNCOMM_DIRECT_BYTES"] = str((RANK + 1) * 64)
 elif MODE == "differ_checks" and RANK == 0:
@@ -53,7 +56,8 @@ expected = {
             "NNCOMM_FLIGHT_RECORDER=lots (expected 0 (off) to 1000000 "
             "operations)",
             "NNCOMM_CHECK_FINITE=yes (expected 0 or 1)",
-            "NNCOMM_HIERARCHICAL=sometimes (expected auto, 0 or 1)"],
+            "NNCOMM_HIERARCHICAL=sometimes (expected auto, 0 or 1)",
+            "NNCOMM_IPC_MIN_BYTES=-1", "NNCOMM_IPC_BUCKET_BYTES=32MiB"],
     "differ": ["NNCOMM_DIRECT_BYTES differs between ranks"]
     + [f"{(r + 1) * 64} on ranks [{r}]" for r in range(SIZE)],
     "differ_checks": ["NNCOMM_CHECK_CALLS differs between ranks",

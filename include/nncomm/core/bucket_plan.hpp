@@ -60,12 +60,13 @@ std::vector<Bucket> plan_buckets(const std::vector<TensorSpec> &tensors,
 void prioritize(const std::vector<double> &priorities,
                 std::vector<Bucket> *plan);
 
-// Merges consecutive buckets of `plan` of one dtype into packed buckets of
-// at least `floor_bytes` (the last of a run may stay smaller), for a
-// transport whose every operation costs a fixed round that outweighs a
-// small bucket's bytes (config::ipc_bucket_bytes()). A merged bucket takes
-// the highest priority of its parts; adjacent pieces of one tensor become
-// one segment. Deterministic, so ranks that agreed on `plan` and share the
+// Merges consecutive buckets of `plan` of one dtype, each under
+// `floor_bytes`, into buckets of at least `floor_bytes` (the last of a run
+// may stay smaller), for a transport whose every operation costs a fixed
+// round that outweighs a small bucket's bytes (config::ipc_bucket_bytes()).
+// A merged bucket takes the highest priority of its parts; adjacent pieces
+// of one tensor become one segment, and direct pieces of one tensor that
+// join into one stay direct. Deterministic, so ranks that agreed on `plan` and share the
 // floor run the same merged plan. 0: `plan` as it is.
 void merge_buckets(size_t floor_bytes, std::vector<Bucket> *plan);
 
