@@ -51,6 +51,11 @@ Setting<size_t> bytes(const char *name, size_t fallback) {
   return count(name, fallback, 1, SIZE_MAX, "a positive number of bytes");
 }
 
+// A byte count where 0 means something of its own (none, off).
+Setting<size_t> bytes_or_zero(const char *name, size_t fallback) {
+  return count(name, fallback, 0, SIZE_MAX, "a number of bytes, 0 or more");
+}
+
 // A number of seconds, 0 or more.
 Setting<double> seconds(const char *name, double fallback) {
   const char *v = env(name);
@@ -105,10 +110,9 @@ struct Settings {
   Setting<size_t> chunk = bytes("NNCOMM_CHUNK_BYTES", 4u << 20);
   Setting<size_t> direct = bytes("NNCOMM_DIRECT_BYTES", 1u << 20);
   Setting<size_t> ipc_chunk = bytes("NNCOMM_IPC_CHUNK_BYTES", 32u << 20);
-  Setting<size_t> ipc_min = count("NNCOMM_IPC_MIN_BYTES", 2u << 20, 0,
-                                  SIZE_MAX, "a number of bytes, 0 or more");
-  Setting<size_t> ipc_bucket = count("NNCOMM_IPC_BUCKET_BYTES", 32u << 20, 0,
-                                     SIZE_MAX, "a number of bytes, 0 or more");
+  Setting<size_t> ipc_min = bytes_or_zero("NNCOMM_IPC_MIN_BYTES", 2u << 20);
+  Setting<size_t> ipc_bucket =
+      bytes_or_zero("NNCOMM_IPC_BUCKET_BYTES", 32u << 20);
   Setting<size_t> huge_page = bytes("NNCOMM_HUGE_PAGE_BYTES", 4u << 20);
   Setting<CallChecks> check = one_of(
       "NNCOMM_CHECK_CALLS", CallChecks::kNew,

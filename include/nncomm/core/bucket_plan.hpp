@@ -66,8 +66,8 @@ void prioritize(const std::vector<double> &priorities,
 // round that outweighs a small bucket's bytes (config::ipc_bucket_bytes()).
 // A merged bucket takes the highest priority of its parts; adjacent pieces
 // of one tensor become one segment, and direct pieces of one tensor that
-// join into one stay direct. Deterministic, so ranks that agreed on `plan` and share the
-// floor run the same merged plan. 0: `plan` as it is.
+// join into one stay direct. Deterministic, so ranks that agreed on `plan`
+// and share the floor run the same merged plan. 0: `plan` as it is.
 void merge_buckets(size_t floor_bytes, std::vector<Bucket> *plan);
 
 // The same on two ranks only if their plans are: what the ranks compare
