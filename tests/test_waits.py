@@ -63,24 +63,30 @@ def test_a_stall_is_reported_with_the_missing_rank(op):
         assert line.endswith("waiting for world ranks [2]"), line
 
 
-@pytest.mark.parametrize("op", ["all_reduce", "callback", "barrier", "init",
-                                "all_gather"])
-def test_a_rank_that_never_comes_times_out_everywhere(op):
-    token = f"timeout-{uuid.uuid4().hex}"
+def timed_out_lines(mode, op):
+    """Runs waits.py MODE OP on 3 ranks with NNCOMM_TIMEOUT=3, where ranks 0
+    and 1 wait for rank 2 in vain; checks that the job failed in time and
+    left no process, and returns the error lines of ranks 0 and 1."""
+    token = f"{mode}-{uuid.uuid4().hex}"
     code, out, err, seconds = run_job(
-        "waits", 3, ["timeout", op, token], env={"NNCOMM_TIMEOUT": "3"},
+        "waits", 3, [mode, op, token], env={"NNCOMM_TIMEOUT": "3"},
         timeout=60)
     assert code != 0, out
     # 3 s, then the exception and the abort it starts, with room for the
     # start-up of three ranks on two cores.
     assert seconds < 3 + 5 + 15, seconds
-    for rank in (0, 1):
-        line = rank_line(rank, out, err)
+    assert not left_running(token)
+    return [rank_line(rank, out, err) for rank in (0, 1)]
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "callback", "barrier", "init",
+                                "all_gather"])
+def test_a_rank_that_never_comes_times_out_everywhere(op):
+    for line in timed_out_lines("timeout", op):
         assert "CommunicatorError" in line, line
         assert "NNCOMM_TIMEOUT" in line, line
         if op != "init":  # the communicator being made has no ranks yet
             assert MISSING.search(line).group(1) == "2", line
-    assert not left_running(token)
 
 
 @pytest.mark.parametrize("op", ["all_reduce", "callback"])
@@ -178,17 +184,9 @@ def test_a_call_async_on_some_ranks_and_blocking_on_others_is_named():
     # Calls on two communicators (the group's, its queue's) wait for each
     # other until NNCOMM_TIMEOUT, as calls on two groups of the same ranks
     # do; the nonblocking side's message says where it waits.
-    token = f"mismatch-{uuid.uuid4().hex}"
-    code, out, err, seconds = run_job(
-        "waits", 3, ["mismatch", "async", token],
-        env={"NNCOMM_TIMEOUT": "3"}, timeout=60)
-    assert code != 0, out
-    assert seconds < 3 + 5 + 15, seconds
-    for rank in (0, 1):
-        line = rank_line(rank, out, err)
+    for line in timed_out_lines("mismatch", "async"):
         assert "NNCOMM_TIMEOUT" in line, line
         assert "in its queue of async_op=True calls" in line, line
-    assert not left_running(token)
 
 
 @pytest.mark.parametrize("case", ("all_reduce", "large", "sampled",
